@@ -1,0 +1,24 @@
+"""Shared test fixtures.
+
+Tests that need the offline assets in ``../shared`` use the ``shared`` fixture: it skips when the
+folder is missing on a developer machine, and *fails* when ``CI`` is set (CI always has it).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from jaxrl.paths import shared_dir
+
+
+@pytest.fixture(scope="session")
+def shared():
+    d = shared_dir()
+    if not d.is_dir():
+        msg = f"shared assets folder {d} is missing (set JAXRL_SHARED)"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return d
