@@ -1,0 +1,180 @@
+"""Metrics: names (verl's), phase timers, sinks (console / jsonl / TensorBoard / W&B), and the reward plot.
+
+Metric names follow verl's ``metric_utils.compute_data_metrics`` so dashboards carry over:
+``critic/score/mean``, ``critic/rewards/mean``, ``critic/advantages/mean``, ``response_length/mean``,
+``actor/pg_loss``, ``timing_s/<phase>``, ``val-core/<data_source>/reward/mean@1`` ...
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+VALID_LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
+
+
+@contextmanager
+def timed(name: str, timings: dict[str, float]):
+    """Add the wall time (seconds) of the ``with`` body to ``timings[name]``."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
+
+
+def _stats(prefix: str, x: np.ndarray) -> dict[str, float]:
+    if x.size == 0:
+        return {}
+    return {f"{prefix}/mean": float(x.mean()), f"{prefix}/max": float(x.max()), f"{prefix}/min": float(x.min())}
+
+
+def batch_metrics(batch) -> dict[str, float]:
+    """verl's data metrics of one RL step.
+
+    Args:
+      batch: an :class:`jaxrl.batch.RLBatch` with scores, rewards and advantages filled.
+
+    Returns:
+      ``critic/score/*`` (sequence score), ``critic/rewards/*`` (sequence reward after in-reward KL),
+      ``critic/advantages/*`` and ``critic/returns/*`` (over valid tokens), ``response_length/*`` (tokens),
+      ``response_length/clip_ratio`` (share of responses that hit the horizon without EOS... i.e. length == R),
+      ``prompt_length/*``.
+    """
+    mask = batch.response_mask.astype(bool)
+    resp_len = mask.sum(-1).astype(np.float32)
+    out: dict[str, float] = {}
+    out.update(_stats("critic/score", batch.token_level_scores.sum(-1)))
+    out.update(_stats("critic/rewards", batch.token_level_rewards.sum(-1)))
+    out.update(_stats("critic/advantages", batch.advantages[mask]))
+    out.update(_stats("critic/returns", batch.returns[mask]))
+    out.update(_stats("response_length", resp_len))
+    out["response_length/clip_ratio"] = float(np.mean(resp_len >= batch.response_width))
+    out.update(_stats("prompt_length", batch.prompt_mask.sum(-1).astype(np.float32)))
+    return out
+
+
+class MetricsLogger:
+    """Fans metrics out to the configured sinks.
+
+    Args:
+      loggers: any of ``console``, ``jsonl``, ``tensorboard`` (needs ``tensorboardX``), ``wandb``.
+      out_dir: run folder; ``metrics.jsonl`` and TensorBoard events go there.
+      project_name, experiment_name: for W&B.
+      config: the resolved config (a dict) recorded by W&B.
+
+    Raises:
+      ValueError: an unknown logger name (valid: console, jsonl, tensorboard, wandb).
+      ImportError: a sink whose package is not installed (names the pip extra).
+    """
+
+    def __init__(self, loggers, out_dir: Path, *, project_name: str = "", experiment_name: str = "", config=None):
+        loggers = [loggers] if isinstance(loggers, str) else list(loggers)
+        for name in loggers:
+            if name not in VALID_LOGGERS:
+                raise ValueError(f"trainer.logger entry {name!r} is unknown; valid: {', '.join(VALID_LOGGERS)}")
+        self.loggers = loggers
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl_path = self.out_dir / "metrics.jsonl"
+        self._tb = None
+        self._wandb = None
+        if "tensorboard" in loggers:
+            try:
+                from tensorboardX import SummaryWriter
+            except ImportError as e:  # pragma: no cover - depends on the extra
+                raise ImportError("trainer.logger=tensorboard needs tensorboardX: pip install 'jaxrl[tensorboard]'") from e
+            self._tb = SummaryWriter(str(self.out_dir / "tensorboard"))
+        if "wandb" in loggers:
+            try:
+                import wandb
+            except ImportError as e:  # pragma: no cover - depends on the extra
+                raise ImportError("trainer.logger=wandb needs wandb: pip install 'jaxrl[wandb]'") from e
+            self._wandb = wandb.init(project=project_name, name=experiment_name, config=config, dir=str(self.out_dir))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        record = {"step": step, **{k: _jsonable(v) for k, v in sorted(metrics.items())}}
+        if "jsonl" in self.loggers:
+            with open(self.jsonl_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        if "console" in self.loggers:
+            print(format_console(step, metrics), file=sys.stderr, flush=True)
+        if self._tb is not None:
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)) and math.isfinite(v):
+                    self._tb.add_scalar(k, v, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(metrics, step=step)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+CONSOLE_KEYS = (
+    ("critic/score/mean", "score"),
+    ("actor/pg_loss", "pg_loss"),
+    ("actor/kl_loss", "kl"),
+    ("actor/entropy", "entropy"),
+    ("response_length/mean", "len"),
+    ("timing_s/step", "step_s"),
+)
+
+
+def format_console(step: int, metrics: dict[str, float]) -> str:
+    """One compact console line: the headline metrics of a step, plus any validation scores."""
+    parts = [f"step {step}"]
+    for key, short in CONSOLE_KEYS:
+        if key in metrics:
+            parts.append(f"{short}={metrics[key]:.4g}")
+    parts += [f"{k}={v:.4g}" for k, v in metrics.items() if k.startswith("val-core/")]
+    return " | ".join(parts)
+
+
+def _jsonable(v):
+    if isinstance(v, (np.floating, np.integer)):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
+
+
+def read_metrics(jsonl_path: Path) -> list[dict]:
+    """All records of a ``metrics.jsonl`` file, in order."""
+    with open(jsonl_path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def plot_rewards(jsonl_path: Path, out_png: Path, *, score_key: str = "critic/score/mean") -> Path:
+    """Plot the training score and every ``val-core/.../mean@k`` metric against step into ``out_png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(jsonl_path)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    train = [(r["step"], r[score_key]) for r in records if score_key in r]
+    if train:
+        ax.plot(*zip(*train), label=f"train {score_key}", marker=".")
+    val_keys = sorted({k for r in records for k in r if k.startswith("val-core/")})
+    for key in val_keys:
+        pts = [(r["step"], r[key]) for r in records if key in r]
+        ax.plot(*zip(*pts), label=key, marker="o")
+    ax.set_xlabel("step")
+    ax.set_ylabel("score")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
+    return out_png

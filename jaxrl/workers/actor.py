@@ -1,0 +1,326 @@
+"""Actor and reference roles: log-prob recompute and the PPO/GRPO policy update.
+
+Both roles hold the decoder functionally (``graphdef`` + ``params`` from ``nnx.split``) so every phase is a
+pure jitted function of arrays. Rows are processed in fixed-size micro-batches (the last one padded with
+fully masked rows), so XLA compiles one program per phase regardless of the batch size.
+
+The update is verl's ``DataParallelPPOActor.update_policy`` re-expressed in JAX: for each of ``ppo_epochs``
+epochs the batch is split into mini-batches of ``ppo_mini_batch_size x rollout.n`` responses; each
+mini-batch is one optimizer update whose gradient is accumulated over micro-batches of
+``ppo_micro_batch_size_per_gpu`` responses inside a single ``jax.jit`` (``lax.scan``). Loss
+normalisers (token / sequence counts) are those of the whole mini-batch, so gradient accumulation is
+exactly the full-mini-batch gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxrl.algorithms import agg_loss, entropy_from_logits, get_policy_loss, kl_penalty, log_probs_from_logits
+from jaxrl.batch import RLBatch
+from jaxrl.workers.optim import make_optimizer
+
+
+def _forward_response(graphdef, params, input_ids, positions, attention_mask, prompt_width, temperature):
+    """Logits of the response positions.
+
+    Args:
+      input_ids, positions, attention_mask: ``[B, P + R]`` int32.
+      prompt_width: ``P`` (static). Logits at position ``t`` predict token ``t + 1``, so the response token
+        ``j`` (at ``P + j``) is scored by the logits at ``P + j - 1``.
+      temperature: logits are divided by it (as verl does) so log-probs match the sampling distribution.
+
+    Returns:
+      float32 logits ``[B, R, V]``.
+    """
+    model = nnx.merge(graphdef, params)
+    logits, _ = model(input_ids, positions, attention_mask)
+    r = input_ids.shape[1] - prompt_width
+    logits = jax.lax.dynamic_slice_in_dim(logits, prompt_width - 1, r, axis=1)
+    return logits.astype(jnp.float32) / temperature
+
+
+def _pad_rows(arr: np.ndarray, rows: int) -> np.ndarray:
+    """Pad ``arr`` along axis 0 with zeros up to ``rows``."""
+    if arr.shape[0] == rows:
+        return arr
+    pad = np.zeros((rows - arr.shape[0],) + arr.shape[1:], dtype=arr.dtype)
+    return np.concatenate([arr, pad], axis=0)
+
+
+class LogProbComputer:
+    """Per-token log-probs (and entropies) of responses under a fixed set of params.
+
+    Args:
+      graphdef: the decoder's ``nnx.GraphDef``.
+      micro_batch_size: rows per jitted call (``log_prob_micro_batch_size_per_gpu``).
+      temperature: rollout temperature (logits are divided by it).
+    """
+
+    def __init__(self, graphdef, *, micro_batch_size: int, temperature: float):
+        if micro_batch_size <= 0:
+            raise ValueError(f"log-prob micro batch size must be > 0, got {micro_batch_size}")
+        self.graphdef = graphdef
+        self.micro_batch_size = micro_batch_size
+        self.temperature = float(temperature)
+        self._fn = jax.jit(self._log_probs, static_argnames=("prompt_width",))
+
+    def _log_probs(self, params, input_ids, positions, attention_mask, response_ids, *, prompt_width):
+        logits = _forward_response(
+            self.graphdef, params, input_ids, positions, attention_mask, prompt_width, self.temperature
+        )
+        return log_probs_from_logits(logits, response_ids), entropy_from_logits(logits)
+
+    def __call__(self, params, batch: RLBatch) -> tuple[np.ndarray, np.ndarray]:
+        """Returns ``(log_probs, entropy)``, float32 ``[N, R]`` each, zeroed where ``response_mask`` is 0."""
+        ids, pos, mask = batch.input_ids(), batch.positions(), batch.attention_mask()
+        mb = self.micro_batch_size
+        outs_lp, outs_ent = [], []
+        for start in range(0, batch.size, mb):
+            sl = slice(start, start + mb)
+            lp, ent = self._fn(
+                params,
+                _pad_rows(ids[sl], mb),
+                _pad_rows(pos[sl], mb),
+                _pad_rows(mask[sl], mb),
+                _pad_rows(batch.response_ids[sl], mb),
+                prompt_width=batch.prompt_width,
+            )
+            n = min(mb, batch.size - start)
+            outs_lp.append(np.asarray(lp)[:n])
+            outs_ent.append(np.asarray(ent)[:n])
+        rmask = batch.response_mask.astype(np.float32)
+        return np.concatenate(outs_lp) * rmask, np.concatenate(outs_ent) * rmask
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyLossConfig:
+    """The loss knobs of ``actor_rollout_ref.actor`` (verl names)."""
+
+    loss_mode: str = "vanilla"
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0
+    loss_agg_mode: str = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+
+
+class ActorWorker:
+    """The trainable policy.
+
+    Args:
+      graphdef, params: ``nnx.split`` of the decoder.
+      actor_cfg: the ``actor_rollout_ref.actor`` config section.
+      rollout_n: responses per prompt (mini-batch size in rows is ``ppo_mini_batch_size * rollout_n``).
+      temperature: rollout temperature used to scale logits.
+      log_prob_micro_batch_size: rows per call when recomputing old log-probs.
+      total_training_steps: RL steps in the run (learning-rate schedule).
+      seed: for mini-batch shuffling when ``actor.shuffle`` is true.
+    """
+
+    def __init__(
+        self,
+        graphdef,
+        params,
+        actor_cfg,
+        *,
+        rollout_n: int,
+        temperature: float,
+        log_prob_micro_batch_size: int,
+        total_training_steps: int,
+        seed: int = 0,
+    ):
+        self.graphdef = graphdef
+        self.params = params
+        self.cfg = actor_cfg
+        self.mini_batch_rows = actor_cfg.ppo_mini_batch_size * rollout_n
+        self.micro_batch_rows = actor_cfg.ppo_micro_batch_size_per_gpu
+        if self.mini_batch_rows % self.micro_batch_rows:
+            raise ValueError(
+                f"ppo_mini_batch_size*rollout.n = {self.mini_batch_rows} must be divisible by "
+                f"ppo_micro_batch_size_per_gpu = {self.micro_batch_rows}"
+            )
+        self.temperature = float(temperature)
+        self.loss_cfg = PolicyLossConfig(
+            loss_mode=actor_cfg.policy_loss.loss_mode,
+            clip_ratio_low=actor_cfg.clip_ratio_low,
+            clip_ratio_high=actor_cfg.clip_ratio_high,
+            clip_ratio_c=actor_cfg.clip_ratio_c,
+            loss_agg_mode=actor_cfg.loss_agg_mode,
+            entropy_coeff=actor_cfg.entropy_coeff,
+            use_kl_loss=actor_cfg.use_kl_loss,
+            kl_loss_coef=actor_cfg.kl_loss_coef,
+            kl_loss_type=actor_cfg.kl_loss_type,
+        )
+        self._policy_loss = get_policy_loss(self.loss_cfg.loss_mode)
+        self._rng = np.random.default_rng(seed)
+        self.log_prob = LogProbComputer(graphdef, micro_batch_size=log_prob_micro_batch_size, temperature=temperature)
+        # The schedule counts optimizer updates; verl counts RL steps: pass updates per step so they agree.
+        self.updates_per_step = actor_cfg.ppo_epochs  # x mini-batches, fixed once the batch size is known
+        self._tx = None
+        self.opt_state = None
+        self.num_updates = 0  # optimizer updates applied so far (the schedule's count)
+        self._total_training_steps = total_training_steps
+        self._update_fn = jax.jit(self._update_minibatch, donate_argnums=(0, 1), static_argnames=("prompt_width",))
+
+    # -- optimizer -------------------------------------------------------------------------------------------
+
+    def init_optimizer(self, rows_per_step: int) -> None:
+        """Build the optimizer once the number of responses per RL step is known."""
+        n_mini = math.ceil(rows_per_step / self.mini_batch_rows)
+        self.updates_per_step = self.cfg.ppo_epochs * n_mini
+        self._tx, self.schedule = make_optimizer(
+            self.cfg.optim,
+            grad_clip=self.cfg.grad_clip,
+            total_training_steps=self._total_training_steps,
+            updates_per_step=self.updates_per_step,
+        )
+        self.opt_state = self._tx.init(self.params)
+
+    # -- phases ----------------------------------------------------------------------------------------------
+
+    def compute_log_probs(self, batch: RLBatch) -> tuple[np.ndarray, np.ndarray]:
+        """``(old_log_probs, entropy)`` float32 ``[N, R]`` under the current params."""
+        return self.log_prob(self.params, batch)
+
+    def _micro_loss(self, params, micro, num_tokens, num_seqs, prompt_width):
+        c = self.loss_cfg
+        logits = _forward_response(
+            self.graphdef, params, micro["input_ids"], micro["positions"], micro["attention_mask"], prompt_width,
+            self.temperature,
+        )
+        mask = micro["response_mask"]
+        log_prob = log_probs_from_logits(logits, micro["response_ids"])
+        norms = dict(num_tokens=num_tokens, num_seqs=num_seqs)
+        pg_loss, pg_metrics = self._policy_loss(
+            micro["old_log_probs"], log_prob, micro["advantages"], mask,
+            clip_ratio_low=c.clip_ratio_low, clip_ratio_high=c.clip_ratio_high, clip_ratio_c=c.clip_ratio_c,
+            loss_agg_mode=c.loss_agg_mode, **norms,
+        )
+        entropy = entropy_from_logits(logits)
+        if c.entropy_coeff == 0:
+            entropy = jax.lax.stop_gradient(entropy)
+        entropy_loss = agg_loss(entropy, mask, c.loss_agg_mode, **norms)
+        loss = pg_loss - c.entropy_coeff * entropy_loss
+        metrics = {"actor/pg_loss": pg_loss, "actor/entropy": entropy_loss}
+        if c.use_kl_loss:
+            kld = kl_penalty(log_prob, micro["ref_log_probs"], c.kl_loss_type)
+            kl_loss = agg_loss(kld, mask, c.loss_agg_mode, **norms)
+            loss = loss + c.kl_loss_coef * kl_loss
+            metrics["actor/kl_loss"] = kl_loss
+        # Ratio-type metrics are means over the micro-batch: weight them by its token count.
+        tokens = jnp.sum(mask)
+        weighted = {f"actor/{k}": v * tokens for k, v in pg_metrics.items()}
+        return loss, (metrics, weighted, tokens)
+
+    def accumulate_grads(self, params, minibatch, num_tokens, num_seqs, *, prompt_width):
+        """Gradient of the mini-batch loss, accumulated over its micro-batches with ``lax.scan``.
+
+        Args:
+          minibatch: dict of arrays stacked ``[num_micro, micro_rows, ...]`` (see :meth:`update`).
+          num_tokens, num_seqs: float32 scalars, valid tokens / sequences of the whole mini-batch (the loss
+            normalisers, so the sum over micro-batches equals the full mini-batch loss exactly).
+
+        Returns:
+          ``(grads, metrics)``: grads with the params' structure; loss terms summed over micro-batches,
+          ratio metrics (clip fractions, ppo_kl) token-weighted means.
+        """
+        grad_fn = jax.value_and_grad(self._micro_loss, has_aux=True)
+
+        def body(carry, micro):
+            grads_acc, sums, wsums, tok = carry
+            (_, (metrics, weighted, tokens)), grads = grad_fn(params, micro, num_tokens, num_seqs, prompt_width)
+            grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
+            sums = jax.tree.map(jnp.add, sums, metrics)
+            wsums = jax.tree.map(jnp.add, wsums, weighted)
+            return (grads_acc, sums, wsums, tok + tokens), None
+
+        first = jax.tree.map(lambda x: x[0], minibatch)
+        _, (m0, w0, _) = jax.eval_shape(
+            lambda p, m, t, s: self._micro_loss(p, m, t, s, prompt_width), params, first, num_tokens, num_seqs
+        )
+        zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)  # noqa: E731
+        init = (jax.tree.map(jnp.zeros_like, params), zeros(m0), zeros(w0), jnp.zeros((), jnp.float32))
+        (grads, sums, wsums, tok), _ = jax.lax.scan(body, init, minibatch)
+        metrics = dict(sums)
+        metrics.update({k: v / jnp.maximum(tok, 1.0) for k, v in wsums.items()})
+        return grads, metrics
+
+    def _update_minibatch(self, params, opt_state, minibatch, num_tokens, num_seqs, *, prompt_width):
+        """One optimizer update from a mini-batch stacked as ``[num_micro, micro_rows, ...]``."""
+        grads, metrics = self.accumulate_grads(params, minibatch, num_tokens, num_seqs, prompt_width=prompt_width)
+        grad_norm = optax.tree.norm(grads)
+        finite = jnp.isfinite(grad_norm)
+        updates, new_opt_state = self._tx.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        # A non-finite gradient skips the update (params and optimizer state unchanged).
+        new_params = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_params, params)
+        new_opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_opt_state, opt_state)
+        metrics["actor/grad_norm"] = grad_norm
+        metrics["actor/nonfinite_grad"] = 1.0 - finite.astype(jnp.float32)
+        return new_params, new_opt_state, metrics
+
+    def minibatch_arrays(self, batch: RLBatch) -> dict[str, np.ndarray]:
+        """The per-row arrays the loss reads, ``[N, ...]`` each."""
+        return {
+            "input_ids": batch.input_ids(),
+            "positions": batch.positions(),
+            "attention_mask": batch.attention_mask(),
+            "response_ids": batch.response_ids,
+            "response_mask": batch.response_mask.astype(np.float32),
+            "old_log_probs": batch.old_log_probs,
+            "advantages": batch.advantages,
+            "ref_log_probs": batch.ref_log_probs if batch.ref_log_probs is not None else batch.old_log_probs,
+        }
+
+    @staticmethod
+    def stack_micro(arrays: dict[str, np.ndarray], idx: np.ndarray, mini_rows: int, micro_rows: int):
+        """Rows ``idx`` padded to ``mini_rows`` and reshaped ``[mini_rows // micro_rows, micro_rows, ...]``,
+        plus the mini-batch's loss normalisers ``(num_tokens, num_seqs)``."""
+        mb = {k: _pad_rows(v[idx], mini_rows) for k, v in arrays.items()}
+        num_tokens = np.float32(max(mb["response_mask"].sum(), 1.0))
+        num_seqs = np.float32(len(idx))
+        n_micro = mini_rows // micro_rows
+        return {k: v.reshape((n_micro, micro_rows) + v.shape[1:]) for k, v in mb.items()}, num_tokens, num_seqs
+
+    def update(self, batch: RLBatch) -> dict[str, float]:
+        """Run ``ppo_epochs`` passes of mini-batch updates over ``batch``; returns averaged metrics.
+
+        Requires ``old_log_probs`` and ``advantages`` (and ``ref_log_probs`` when ``use_kl_loss``).
+        """
+        if self._tx is None:
+            self.init_optimizer(batch.size)
+        needed = ["old_log_probs", "advantages"] + (["ref_log_probs"] if self.loss_cfg.use_kl_loss else [])
+        for name in needed:
+            if getattr(batch, name) is None:
+                raise ValueError(f"actor update needs batch.{name}, which is not set")
+        arrays = self.minibatch_arrays(batch)
+        mini, micro = self.mini_batch_rows, self.micro_batch_rows
+        history: list[dict] = []
+        for _ in range(self.cfg.ppo_epochs):
+            order = self._rng.permutation(batch.size) if self.cfg.shuffle else np.arange(batch.size)
+            for start in range(0, batch.size, mini):
+                idx = order[start : start + mini]
+                stacked, num_tokens, num_seqs = self.stack_micro(arrays, idx, mini, micro)
+                self.params, self.opt_state, metrics = self._update_fn(
+                    self.params, self.opt_state, stacked, num_tokens, num_seqs, prompt_width=batch.prompt_width
+                )
+                history.append(metrics)
+                self.num_updates += 1
+        out = {k: float(np.mean([float(h[k]) for h in history])) for k in history[0]}
+        out["actor/nonfinite_grad"] = float(np.sum([float(h["actor/nonfinite_grad"]) for h in history]))
+        out["actor/lr"] = float(self.schedule(self.num_updates - 1))
+        if self.loss_cfg.use_kl_loss:
+            out["actor/kl_coef"] = self.loss_cfg.kl_loss_coef
+        return out

@@ -1,0 +1,146 @@
+"""Actor worker: log-prob recompute, gradient accumulation invariance, and the direction of an update."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl.batch import RLBatch
+from jaxrl.models.config import ModelConfig
+from jaxrl.models.decoder import Decoder
+from jaxrl.workers.actor import ActorWorker, LogProbComputer
+
+CFG = ModelConfig(
+    model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-5, rope_theta=10000.0,
+    rope_scaling=None, max_position_embeddings=128, tie_word_embeddings=False, attention_bias=False,
+    qk_norm=False, bos_token_id=1, eos_token_id=(2,), pad_token_id=0,
+)
+P, R = 6, 5
+
+
+def actor_cfg(**kw):
+    base = dict(
+        ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2, ppo_epochs=1, shuffle=False, grad_clip=1.0,
+        clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, loss_agg_mode="token-mean", entropy_coeff=0.01,
+        use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="low_var_kl",
+        policy_loss=SimpleNamespace(loss_mode="vanilla"),
+        optim=SimpleNamespace(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, lr_warmup_steps=-1,
+                              lr_warmup_steps_ratio=0.0, lr_scheduler_type="constant", min_lr_ratio=0.0),
+    )
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def make_batch(n=8, seed=0) -> RLBatch:
+    rng = np.random.default_rng(seed)
+    prompt_len = rng.integers(2, P + 1, size=n)
+    resp_len = rng.integers(1, R + 1, size=n)
+    prompt_mask = (np.arange(P)[None] >= (P - prompt_len)[:, None]).astype(np.int32)
+    response_mask = (np.arange(R)[None] < resp_len[:, None]).astype(np.int32)
+    batch = RLBatch(
+        prompt_ids=(rng.integers(3, CFG.vocab_size, (n, P)) * prompt_mask).astype(np.int32),
+        prompt_mask=prompt_mask,
+        response_ids=(rng.integers(3, CFG.vocab_size, (n, R)) * response_mask).astype(np.int32),
+        response_mask=response_mask,
+        group_ids=np.repeat(np.arange(n // 2), 2).astype(np.int32),
+    )
+    batch.advantages = (rng.normal(size=(n, R)) * response_mask).astype(np.float32)
+    return batch
+
+
+@pytest.fixture(scope="module")
+def split_model():
+    return nnx.split(Decoder(CFG, rngs=nnx.Rngs(0)))
+
+
+def reference_log_probs(graphdef, params, batch, temperature):
+    """Independent recompute: full forward, numpy log-softmax, shift by one."""
+    model = nnx.merge(graphdef, params)
+    logits, _ = model(jnp.asarray(batch.input_ids()), jnp.asarray(batch.positions()), jnp.asarray(batch.attention_mask()))
+    logits = np.asarray(logits, np.float64) / temperature
+    logits = logits - logits.max(-1, keepdims=True)
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    out = np.zeros(batch.response_ids.shape)
+    for i in range(batch.size):
+        for j in range(R):
+            out[i, j] = logp[i, P + j - 1, batch.response_ids[i, j]] * batch.response_mask[i, j]
+    return out
+
+
+def test_log_probs_match_reference_and_ignore_chunking(split_model):
+    graphdef, params = split_model
+    batch = make_batch(n=7)
+    ref = reference_log_probs(graphdef, params, batch, temperature=0.7)
+    for mb in (1, 3, 7):
+        lp, ent = LogProbComputer(graphdef, micro_batch_size=mb, temperature=0.7)(params, batch)
+        np.testing.assert_allclose(lp, ref, atol=1e-5)
+        assert ent.shape == (7, R) and np.all(ent[batch.response_mask == 1] > 0)
+        assert np.all(ent[batch.response_mask == 0] == 0)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+def test_micro_batch_accumulation_equals_full_mini_batch(split_model, mode):
+    graphdef, params = split_model
+    batch = make_batch(n=8, seed=1)
+    lp, _ = LogProbComputer(graphdef, micro_batch_size=8, temperature=1.0)(params, batch)
+    rng = np.random.default_rng(2)
+    batch.old_log_probs = (lp + rng.normal(scale=0.3, size=lp.shape) * batch.response_mask).astype(np.float32)
+    batch.ref_log_probs = (lp + rng.normal(scale=0.3, size=lp.shape) * batch.response_mask).astype(np.float32)
+    grads = {}
+    for micro in (8, 2):
+        actor = ActorWorker(graphdef, params, actor_cfg(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=micro,
+                                                         loss_agg_mode=mode),
+                            rollout_n=1, temperature=1.0, log_prob_micro_batch_size=8, total_training_steps=1)
+        stacked, nt, ns = actor.stack_micro(actor.minibatch_arrays(batch), np.arange(8), 8, micro)
+        g, metrics = jax.jit(actor.accumulate_grads, static_argnames="prompt_width")(
+            params, stacked, nt, ns, prompt_width=P)
+        grads[micro] = (g, metrics)
+    full, m_full = grads[8]
+    for micro in (2,):
+        g, m = grads[micro]
+        for a, b in zip(jax.tree.leaves(full), jax.tree.leaves(g)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=1e-6)
+        for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac"):
+            np.testing.assert_allclose(float(m[key]), float(m_full[key]), rtol=1e-4, atol=1e-6)
+    assert max(float(jnp.abs(x).max()) for x in jax.tree.leaves(full)) > 0
+
+
+def test_update_raises_log_prob_of_positively_advantaged_responses(split_model):
+    graphdef, params = split_model
+    params = jax.tree.map(lambda x: x.copy(), params)
+    batch = make_batch(n=4, seed=3)
+    comp = LogProbComputer(graphdef, micro_batch_size=4, temperature=1.0)
+    before, _ = comp(params, batch)
+    batch.old_log_probs = before
+    batch.ref_log_probs = before
+    batch.advantages = np.where(np.arange(4)[:, None] % 2 == 0, 1.0, -1.0).astype(np.float32) * batch.response_mask
+    actor = ActorWorker(graphdef, params, actor_cfg(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2,
+                                                     entropy_coeff=0.0, use_kl_loss=False),
+                        rollout_n=1, temperature=1.0, log_prob_micro_batch_size=4, total_training_steps=1)
+    metrics = actor.update(batch)
+    after, _ = comp(actor.params, batch)
+    delta = ((after - before) * batch.response_mask).sum(-1)
+    assert delta[0] > 0 and delta[2] > 0 and delta[1] < 0 and delta[3] < 0
+    assert metrics["actor/nonfinite_grad"] == 0 and metrics["actor/grad_norm"] > 0
+    assert actor.num_updates == 1 and metrics["actor/lr"] == pytest.approx(1e-2)
+
+
+def test_nonfinite_gradient_skips_update(split_model):
+    graphdef, params = split_model
+    params = jax.tree.map(lambda x: x.copy(), params)
+    batch = make_batch(n=2, seed=4)
+    batch.old_log_probs = np.zeros(batch.response_ids.shape, np.float32)
+    batch.advantages = np.full(batch.response_ids.shape, np.nan, np.float32)
+    actor = ActorWorker(graphdef, params, actor_cfg(use_kl_loss=False), rollout_n=1, temperature=1.0,
+                        log_prob_micro_batch_size=2, total_training_steps=1)
+    before = jax.tree.map(np.asarray, actor.params)
+    metrics = actor.update(batch)
+    assert metrics["actor/nonfinite_grad"] == 1
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(actor.params)):
+        np.testing.assert_array_equal(a, np.asarray(b))
