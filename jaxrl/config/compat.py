@@ -1,0 +1,244 @@
+"""verl keys with no JAX meaning: accepted, each with a one-line note saying what it maps to.
+
+Three tables, all keyed by full dotted verl keys:
+
+* :data:`NOTES` ``{key or fnmatch pattern: note}``. An exact key may also be a real
+  :class:`~jaxrl.config.schema.JaxRLConfig` field (e.g. ``actor_rollout_ref.rollout.
+  gpu_memory_utilization``): the value is kept and the note says who uses it. A key that is not a
+  schema field is dropped after its note. Wildcard patterns (``*``) only ever match keys that are
+  *not* schema fields, so a typo of a real key is never swallowed by a pattern.
+* :data:`REQUIRED_VALUES` ``{key: allowed values}``: verl features jaxrl does not implement; the key
+  is accepted only with verl's no-op value, anything else is a config error.
+* :data:`RENAMES` ``{old verl key: jaxrl key}``: verl's older spellings; the value moves to the new key.
+
+The loader applies the tables; ``python -m jaxrl.train`` prints one note line per key to stderr.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from typing import Any
+
+_FSDP = (
+    "JAX: params/optimizer sharded over the mesh `fsdp` axis (trainer.mesh, sharding issue); "
+    "offload not applicable"
+)
+_COMPILE = "JAX always jit-compiles with XLA; torch.compile does not apply"
+_STRATEGY = "JAX runs one jit-compiled SPMD program per step; verl's fsdp/megatron strategies do not apply"
+_DYN_BSZ = (
+    "token-budget dynamic batching is not implemented; jaxrl uses fixed micro-batches "
+    "(*_micro_batch_size_per_gpu) with masked padding"
+)
+_SP = "Ulysses sequence parallelism is not implemented (a future mesh axis); only 1 is valid"
+_ENTROPY_MEM = "torch memory tweak; XLA fuses the entropy computation"
+_PROFILER = "verl's profiler settings do not apply; use jax.profiler / XProf"
+_VLLM_TUNING = "vLLM/SGLang engine tuning; not used by jaxrl's rollout backends"
+_KERNELS = "XLA fuses kernels; Liger/Triton/flash kernels do not apply"
+_NO_CRITIC = "jaxrl has no critic model yet; the supported estimator (grpo) is critic-free, so critic.* is ignored"
+_RM_MODEL = "used only by a model reward model (reward_model.enable=True, not supported yet)"
+_RAY = "jaxrl is a single-controller JAX program; no Ray cluster, worker groups or NCCL groups"
+_MULTI_TURN = "multi-turn/tool rollout is not supported yet; only multi_turn.enable=False is valid"
+_LORA = "LoRA is not supported yet (full fine-tuning only); only lora_rank=0 is valid"
+_DEPRECATED_MBS = "verl's deprecated global micro-batch size; use the *_per_gpu key instead"
+
+NOTES: dict[str, str] = {
+    # ---- schema fields kept for verl parity, meaningful only to some backends
+    "actor_rollout_ref.model.use_remove_padding": "jaxrl packs nothing; padding is masked and shapes bucketed",
+    "actor_rollout_ref.rollout.gpu_memory_utilization": (
+        "used by vLLM (rollout.name=vllm) for its KV-cache share; the jax sampler sizes its cache from shapes"
+    ),
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": (
+        "used by vLLM/JetStream (rollout.name=vllm|jetstream); the jax sampler uses the training mesh"
+    ),
+    # ---- FSDP / torch engine settings
+    "actor_rollout_ref.actor.fsdp_config.*": _FSDP,
+    "actor_rollout_ref.ref.fsdp_config.*": _FSDP,
+    "actor_rollout_ref.actor.strategy": _STRATEGY,
+    "actor_rollout_ref.ref.strategy": _STRATEGY,
+    "actor_rollout_ref.actor.use_torch_compile": _COMPILE,
+    "actor_rollout_ref.ref.use_torch_compile": _COMPILE,
+    "actor_rollout_ref.actor.use_remove_padding": "jaxrl packs nothing; padding is masked and shapes bucketed",
+    "actor_rollout_ref.actor.use_dynamic_bsz": _DYN_BSZ,
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": _DYN_BSZ,
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": _DYN_BSZ,
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": _DYN_BSZ,
+    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": _DYN_BSZ,
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": _DYN_BSZ,
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": _SP,
+    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": _SP,
+    "actor_rollout_ref.actor.entropy_from_logits_with_chunking": _ENTROPY_MEM,
+    "actor_rollout_ref.actor.entropy_checkpointing": _ENTROPY_MEM,
+    "actor_rollout_ref.ref.entropy_from_logits_with_chunking": _ENTROPY_MEM,
+    "actor_rollout_ref.ref.entropy_checkpointing": _ENTROPY_MEM,
+    "actor_rollout_ref.actor.ppo_micro_batch_size": _DEPRECATED_MBS,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size": _DEPRECATED_MBS,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size": _DEPRECATED_MBS,
+    "actor_rollout_ref.actor.checkpoint.*": "checkpoint contents are not configurable in jaxrl; ignored",
+    "actor_rollout_ref.ref.model": "the reference policy is always the initial actor model",
+    # ---- optimizer
+    "actor_rollout_ref.actor.optim.total_training_steps": "set at run time from trainer.total_training_steps",
+    "actor_rollout_ref.actor.optim.optimizer": "jaxrl's optimizer is optax.adamw; only AdamW is valid",
+    "actor_rollout_ref.actor.optim.optimizer_impl": "jaxrl's optimizer is optax.adamw; torch modules do not apply",
+    "actor_rollout_ref.actor.optim.override_optimizer_config": "no extra optimizer kwargs in jaxrl; only null is valid",
+    "actor_rollout_ref.actor.optim.num_cycles": "jaxrl's cosine schedule is the half cosine; only 0.5 is valid",
+    # ---- model loading
+    "actor_rollout_ref.model.use_shm": "models load from local files; no shared-memory copy",
+    "actor_rollout_ref.model.trust_remote_code": "jaxrl runs its own Flax model code; no remote code is executed",
+    "actor_rollout_ref.model.external_lib": "jaxrl runs its own Flax model code; no HF model classes are imported",
+    "actor_rollout_ref.model.enable_activation_offload": (
+        "use actor_rollout_ref.model.enable_gradient_checkpointing (jax.checkpoint); offload does not apply"
+    ),
+    "actor_rollout_ref.model.use_liger": _KERNELS,
+    "actor_rollout_ref.model.use_fused_kernels": _KERNELS,
+    "actor_rollout_ref.model.fused_kernel_options.*": _KERNELS,
+    "actor_rollout_ref.model.lora_rank": _LORA,
+    "actor_rollout_ref.model.lora_alpha": "used only with lora_rank > 0 (LoRA not supported yet)",
+    "actor_rollout_ref.model.target_modules": "used only with lora_rank > 0 (LoRA not supported yet)",
+    "actor_rollout_ref.model.exclude_modules": "used only with lora_rank > 0 (LoRA not supported yet)",
+    # ---- policy loss variants
+    "actor_rollout_ref.actor.policy_loss.clip_cov_*": "used only by loss_mode=clip-cov (not supported)",
+    "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": "used only by loss_mode=kl-cov (not supported)",
+    "actor_rollout_ref.actor.policy_loss.ppo_kl_coef": "used only by loss_mode=kl-cov (not supported)",
+    # ---- rollout engine
+    "actor_rollout_ref.rollout.mode": "verl's sync/async rollout-server mode; jaxrl calls its rollout backend directly",
+    "actor_rollout_ref.rollout.dtype": "the jax sampler computes in actor_rollout_ref.model.dtype",
+    "actor_rollout_ref.rollout.enforce_eager": _VLLM_TUNING,
+    "actor_rollout_ref.rollout.cudagraph_capture_sizes": _VLLM_TUNING,
+    "actor_rollout_ref.rollout.free_cache_engine": _VLLM_TUNING,
+    "actor_rollout_ref.rollout.max_num_batched_tokens": _VLLM_TUNING,
+    "actor_rollout_ref.rollout.max_model_len": _VLLM_TUNING,
+    "actor_rollout_ref.rollout.max_num_seqs": _VLLM_TUNING,
+    "actor_rollout_ref.rollout.disable_log_stats": _VLLM_TUNING,
+    "actor_rollout_ref.rollout.enable_chunked_prefill": _VLLM_TUNING,
+    "actor_rollout_ref.rollout.load_format": _VLLM_TUNING,
+    "actor_rollout_ref.rollout.layered_summon": _VLLM_TUNING,
+    "actor_rollout_ref.rollout.multi_stage_wake_up": _VLLM_TUNING,
+    "actor_rollout_ref.rollout.update_weights_bucket_megabytes": _VLLM_TUNING,
+    "actor_rollout_ref.rollout.engine_kwargs.*": _VLLM_TUNING,
+    "actor_rollout_ref.rollout.multi_turn.enable": _MULTI_TURN,
+    "actor_rollout_ref.rollout.multi_turn.*": "used only with multi_turn.enable=True (not supported yet)",
+    "actor_rollout_ref.rollout.agent.*": "verl's agent-loop server settings; not used by jaxrl",
+    "actor_rollout_ref.rollout.trace.*": "verl's rollout tracing (mlflow/weave); not used by jaxrl",
+    "actor_rollout_ref.hybrid_engine": _RAY,
+    "actor_rollout_ref.nccl_timeout": _RAY,
+    # ---- data loading
+    "data.dataloader_num_workers": "jaxrl's data pipeline runs in-process; the worker count is not used",
+    "data.filter_overlong_prompts_workers": "overlong-prompt filtering runs in-process; the worker count is not used",
+    "data.use_shm": "datasets load from local files; no shared-memory copy",
+    "data.trust_remote_code": "jaxrl runs no remote tokenizer code",
+    "data.return_raw_input_ids": "only needed for a model reward model with another chat template (not supported yet)",
+    "data.return_raw_chat": "jaxrl keeps the raw prompt with every sample; nothing to switch on",
+    "data.return_full_prompt": "jaxrl keeps the full prompt text with every sample; nothing to switch on",
+    "data.return_multi_modal_inputs": "text-only data; multi-modal inputs are not supported",
+    "data.image_key": "text-only data; multi-modal inputs are not supported",
+    "data.video_key": "text-only data; multi-modal inputs are not supported",
+    "data.validation_shuffle": "jaxrl never shuffles the validation set; only False is valid",
+    # ---- trainer / cluster
+    "trainer.balance_batch": "sequence-length balancing across data-parallel ranks is not implemented; batch order is kept",
+    "trainer.device": "JAX picks the platform itself (set JAX_PLATFORMS=cpu|cuda|tpu to force one)",
+    "trainer.default_hdfs_dir": "no HDFS upload; checkpoints stay in trainer.default_local_dir (only null is valid)",
+    "trainer.del_local_ckpt_after_load": "jaxrl never deletes checkpoints after loading",
+    "trainer.ray_wait_register_center_timeout": _RAY,
+    "trainer.use_legacy_worker_impl": _RAY,
+    "trainer.esi_redundant_time": "verl's elastic-server (ESI) checkpoint timing; not applicable",
+    "ray_kwargs.*": _RAY,
+    "ray_init.*": _RAY,
+    "global_profiler.*": _PROFILER,
+    "*.profiler.*": _PROFILER,
+    "*._target_": "Hydra instantiate target; jaxrl builds its own dataclasses",
+    "_target_": "Hydra instantiate target; jaxrl builds its own dataclasses",
+    "critic.*": _NO_CRITIC,
+    # ---- model reward model (later issue)
+    "reward_model.strategy": _RM_MODEL,
+    "reward_model.model.*": _RM_MODEL,
+    "reward_model.micro_batch_size": _RM_MODEL,
+    "reward_model.micro_batch_size_per_gpu": _RM_MODEL,
+    "reward_model.max_length": _RM_MODEL,
+    "reward_model.use_dynamic_bsz": _RM_MODEL,
+    "reward_model.forward_max_token_len_per_gpu": _RM_MODEL,
+    "reward_model.ulysses_sequence_parallel_size": _RM_MODEL,
+    "reward_model.launch_reward_fn_async": "reward scoring concurrency is reward_model.num_workers in jaxrl",
+    "reward_model.sandbox_fusion.*": "sandbox code execution rewards are not supported yet",
+}
+
+REQUIRED_VALUES: dict[str, tuple[Any, ...]] = {
+    "actor_rollout_ref.actor.use_dynamic_bsz": (False,),
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": (False,),
+    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": (False,),
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": (1,),
+    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": (1,),
+    "actor_rollout_ref.actor.ppo_micro_batch_size": (None,),
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size": (None,),
+    "actor_rollout_ref.ref.log_prob_micro_batch_size": (None,),
+    "actor_rollout_ref.ref.model": (None,),
+    "actor_rollout_ref.actor.optim.optimizer": ("AdamW", "adamw"),
+    "actor_rollout_ref.actor.optim.override_optimizer_config": (None,),
+    "actor_rollout_ref.actor.optim.num_cycles": (0.5,),
+    "actor_rollout_ref.model.lora_rank": (0,),
+    "actor_rollout_ref.rollout.multi_turn.enable": (False,),
+    "data.validation_shuffle": (False,),
+    "trainer.default_hdfs_dir": (None,),
+}
+
+RENAMES: dict[str, str] = {
+    "actor_rollout_ref.actor.optim.warmup_style": "actor_rollout_ref.actor.optim.lr_scheduler_type",
+    "actor_rollout_ref.actor.optim.clip_grad": "actor_rollout_ref.actor.grad_clip",
+    "data.tokenizer": "actor_rollout_ref.model.tokenizer_path",
+}
+
+
+@dataclass(frozen=True)
+class CompatNote:
+    """One accepted verl key: ``key`` (full dotted), the ``value`` given, and the ``note``."""
+
+    key: str
+    value: Any
+    note: str
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value!r}: {self.note}"
+
+
+def _is_pattern(key: str) -> bool:
+    return any(c in key for c in "*?[")
+
+
+def lookup_note(key: str, *, schema_field: bool) -> str | None:
+    """The compat note for a full dotted ``key``, or None when the table has none.
+
+    An exact entry wins; otherwise, for a key that is not a schema field (``schema_field=False``),
+    the longest (most specific) matching wildcard pattern. Renamed keys are handled by
+    :func:`rename_note`, not here.
+    """
+    if key in NOTES:
+        return NOTES[key]
+    if schema_field:
+        return None
+    matches = [p for p in NOTES if _is_pattern(p) and fnmatch.fnmatchcase(key, p)]
+    if not matches:
+        return None
+    return NOTES[max(matches, key=len)]
+
+
+def rename_note(old_key: str) -> str:
+    """The note for a verl key in :data:`RENAMES` (raises KeyError for any other key)."""
+    return f"verl's older name for {RENAMES[old_key]}; the value is used there"
+
+
+def _same(value: Any, allowed: Any) -> bool:
+    """``value == allowed`` without Python's ``False == 0`` / ``None`` confusions."""
+    if allowed is None or isinstance(allowed, bool) or value is None or isinstance(value, bool):
+        return value is allowed
+    return value == allowed
+
+
+def unsupported_value(key: str, value: Any) -> str | None:
+    """An error message when ``key`` is in :data:`REQUIRED_VALUES` and ``value`` is not allowed, else None."""
+    allowed = REQUIRED_VALUES.get(key)
+    if allowed is None:
+        return None
+    if any(_same(value, a) for a in allowed):
+        return None
+    valid = ", ".join(repr(a) for a in allowed)
+    return f"{key}={value!r} is not supported: {NOTES[key]} (valid: {valid})"

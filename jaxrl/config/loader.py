@@ -1,0 +1,544 @@
+"""Load, merge and validate a jaxrl config: schema defaults <- YAML file <- ``key=value`` overrides.
+
+Overrides use verl's (Hydra's) command-line spelling: ``a.b.c=value`` where ``value`` is parsed as
+YAML by OmegaConf (``1e-6``, ``True``, ``[console,jsonl]``, ``null``, ``${trainer.project_name}``).
+Every problem raises :class:`ConfigError` whose message names the full dotted key, the bad value and
+what would be valid. Nothing here imports jax, so ``python -m jaxrl.train`` rejects a bad config in
+well under a second.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from jaxrl.config import compat, schema
+from jaxrl.config.schema import JaxRLConfig
+from jaxrl.paths import expand_shared
+
+_MAX_SEED = 2**32
+
+
+class ConfigError(ValueError):
+    """A config key, value or combination is invalid; the message says which and what is valid."""
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    """Result of :func:`load_config_with_notes`: the validated config and the compat notes
+    (one per accepted verl key that has no JAX meaning, in first-seen order)."""
+
+    config: JaxRLConfig
+    notes: tuple[compat.CompatNote, ...]
+
+
+# ------------------------------------------------------------------------------ key lookups
+_LEAVES, _SECTIONS = schema.schema_keys()
+
+
+def _type_name(tp: Any) -> str:
+    """Human name of a schema field type, e.g. ``Optional[int]`` -> ``'int or null'``."""
+    if tp is Any:
+        return "a str or a list of str"
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>"):
+        inner = [a for a in args if a is not type(None)]
+        return " or ".join(_type_name(a) for a in inner) + " or null"
+    if origin is list:
+        return f"a list of {_type_name(args[0])}" if args else "a list"
+    return {int: "int", float: "float", bool: "bool (True/False)", str: "str"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _suggest(key: str) -> str | None:
+    """Closest valid leaf key to an unknown ``key``.
+
+    Order: the same last segment in another section (a key put in the wrong section), then the
+    closest sibling in the same (valid) section, then the closest full dotted key whose last
+    segment also resembles the given one.
+    """
+    parent, _, last = key.rpartition(".")
+    same_name = [k for k in _LEAVES if k.rpartition(".")[2] == last]
+    if same_name:
+        return difflib.get_close_matches(key, same_name, n=1, cutoff=0.0)[0]
+    if parent == "" or parent in _SECTIONS:
+        siblings = [k.rpartition(".")[2] for k in _LEAVES if k.rpartition(".")[0] == parent]
+        match = difflib.get_close_matches(last, siblings, n=1, cutoff=0.6)
+        if match:
+            return f"{parent}.{match[0]}" if parent else match[0]
+    candidates = [
+        k for k in _LEAVES if difflib.SequenceMatcher(None, last, k.rpartition(".")[2]).ratio() >= 0.6
+    ]
+    match = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
+def _unknown_key_message(key: str, source: str) -> str:
+    guess = _suggest(key)
+    if guess is not None:
+        return f"Unknown config key '{key}'; did you mean '{guess}'? (from {source})"
+    parent = key.rpartition(".")[0]
+    while parent and parent not in _SECTIONS:
+        parent = parent.rpartition(".")[0]
+    if parent:
+        under = sorted(k[len(parent) + 1 :] for k in _LEAVES if k.startswith(parent + "."))
+        where = f"valid keys under '{parent}': {', '.join(under)}"
+    else:
+        where = "valid top-level sections: " + ", ".join(s for s in _SECTIONS if "." not in s)
+    return f"Unknown config key '{key}' (from {source}); {where}"
+
+
+# ---------------------------------------------------------------------------- raw inputs
+def _read_yaml(path: Path) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"config file '{path}' does not exist (--config expects a YAML file)")
+    try:
+        raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    except (yaml.YAMLError, OmegaConfBaseException) as e:
+        raise ConfigError(f"config file '{path}' is not valid YAML: {e}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file '{path}' must hold a mapping of sections, got {type(raw).__name__}")
+    return raw
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    """``'a.b=value'`` -> ``('a.b', parsed value)`` with OmegaConf's YAML value grammar."""
+    if item.lstrip().startswith("~"):
+        raise ConfigError(f"override '{item}': deleting keys ('~key') is not supported; every key has a default")
+    if "=" not in item:
+        raise ConfigError(f"override '{item}' is not of the form key=value (e.g. data.train_batch_size=16)")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    key = key.lstrip("+")  # Hydra's '+key=' / '++key=': every jaxrl key already exists
+    if not key or not all(part.strip() for part in key.split(".")):
+        raise ConfigError(f"override '{item}' has an empty key segment; expected e.g. trainer.total_epochs=3")
+    try:
+        value = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]), resolve=False)["v"]
+    except (yaml.YAMLError, OmegaConfBaseException) as e:
+        raise ConfigError(f"override '{item}': cannot parse the value {raw!r}: {e}") from None
+    return key, value
+
+
+def _flatten(key: str, value: Any, source: str, out: list[tuple[str, Any, str]]) -> None:
+    """Append ``(full dotted leaf key, value, source)`` for ``value`` placed at ``key``."""
+    if key in _SECTIONS:
+        if value is None:  # an empty YAML section ("data:" with everything commented out)
+            return
+        if not isinstance(value, dict):
+            raise ConfigError(
+                f"'{key}' is a config section; expected a mapping of its keys, got {value!r} (from {source})"
+            )
+        for k, v in value.items():
+            _flatten(f"{key}.{k}", v, source, out)
+    elif isinstance(value, dict) and value and key not in _LEAVES:
+        for k, v in value.items():  # an unknown (or compat-only) mapping: check each leaf inside it
+            _flatten(f"{key}.{k}", v, source, out)
+    else:
+        out.append((key, value, source))
+
+
+def _raw_pairs(config_path: str | Path | None, overrides: Sequence[str]) -> list[tuple[str, Any, str]]:
+    pairs: list[tuple[str, Any, str]] = []
+    if config_path is not None:
+        path = Path(config_path).expanduser()
+        raw = _read_yaml(path)
+        for k, v in raw.items():
+            if str(k) == "defaults":
+                raise ConfigError(
+                    f"'defaults' (a Hydra defaults list) in {path} is not supported: jaxrl does not compose "
+                    "config groups; write the keys you change in one file (the schema fills the rest)"
+                )
+            _flatten(str(k), v, f"config file {path}", pairs)
+    for item in overrides:
+        key, value = _parse_override(item)
+        _flatten(key, value, f"override '{item}'", pairs)
+    return pairs
+
+
+def _classify(pairs: list[tuple[str, Any, str]]) -> tuple[list[tuple[str, Any, str]], list[compat.CompatNote]]:
+    """Split raw pairs into schema assignments and compat notes; raise on unknown keys."""
+    kept: list[tuple[str, Any, str]] = []
+    notes: dict[str, compat.CompatNote] = {}
+    for key, value, source in pairs:
+        if key in _LEAVES:
+            note = compat.lookup_note(key, schema_field=True)
+            if note is not None:
+                notes[key] = compat.CompatNote(key, value, note)
+            kept.append((key, value, source))
+        elif key in compat.RENAMES:
+            notes[key] = compat.CompatNote(key, value, compat.rename_note(key))
+            kept.append((compat.RENAMES[key], value, source))
+        else:
+            note = compat.lookup_note(key, schema_field=False)
+            if note is None:
+                raise ConfigError(_unknown_key_message(key, source))
+            bad = compat.unsupported_value(key, value)
+            if bad is not None:
+                raise ConfigError(f"{bad} (from {source})")
+            notes[key] = compat.CompatNote(key, value, note)
+    return kept, list(notes.values())
+
+
+# ------------------------------------------------------------------------------- merging
+def _prepare(key: str, value: Any) -> Any:
+    """Expand ``${JAXRL_SHARED}`` in strings; wrap a scalar given for a list field into a list."""
+    if isinstance(value, str):
+        value = expand_shared(value)
+    elif isinstance(value, list):
+        value = [expand_shared(v) if isinstance(v, str) else v for v in value]
+    if typing.get_origin(_LEAVES[key]) is list and value is not None and not isinstance(value, list):
+        value = [value]
+    return value
+
+
+def _assign(cfg: Any, kept: list[tuple[str, Any, str]]) -> None:
+    for key, value, source in kept:
+        value = _prepare(key, value)
+        try:
+            OmegaConf.update(cfg, key, value, merge=False)
+        except OmegaConfBaseException:
+            expected = _type_name(_LEAVES[key])
+            if value is None:
+                raise ConfigError(f"{key}=null is invalid; expected {expected} (from {source})") from None
+            raise ConfigError(
+                f"{key}={value!r} has the wrong type ({type(value).__name__}); expected {expected} (from {source})"
+            ) from None
+
+
+_MISSING_INTERP = re.compile(r"Interpolation key '([^']+)' not found")
+
+
+def _resolve(cfg: Any) -> JaxRLConfig:
+    try:
+        return OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        try:
+            raw = OmegaConf.to_container(cfg, resolve=False)
+            for part in key.split("."):
+                raw = raw[part]
+        except (KeyError, TypeError):
+            raw = None
+        msg = f"{key}={raw!r}: cannot resolve the interpolation: {getattr(e, 'msg', str(e)).splitlines()[0]}"
+        missing = _MISSING_INTERP.search(str(e))
+        if missing:
+            guess = _suggest(missing.group(1))
+            if guess is not None:
+                msg += f"; did you mean '{guess}'?"
+        raise ConfigError(msg) from None
+
+
+# ------------------------------------------------------------------------------ validation
+def _get(cfg: JaxRLConfig, key: str) -> Any:
+    obj: Any = cfg
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _real(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+class _Checks:
+    """Small predicates; each raises ConfigError naming the key, the value and what is valid."""
+
+    def __init__(self, cfg: JaxRLConfig):
+        self.cfg = cfg
+
+    def fail(self, key: str, expected: str) -> typing.NoReturn:
+        raise ConfigError(f"{key}={_get(self.cfg, key)!r} is invalid; expected {expected}")
+
+    def choice(self, key: str, choices: Iterable[str]) -> None:
+        choices = tuple(choices)
+        if _get(self.cfg, key) not in choices:
+            self.fail(key, "one of " + ", ".join(repr(c) for c in choices))
+
+    def int_at_least(self, key: str, lo: int, *, off: Optional[int] = None, nullable: bool = False) -> None:
+        v = _get(self.cfg, key)
+        if nullable and v is None:
+            return
+        if off is not None and v == off and _is_int(v):
+            return
+        if not (_is_int(v) and v >= lo):
+            extra = (f" or {off} (off)" if off is not None else "") + (" or null" if nullable else "")
+            self.fail(key, f"an int >= {lo}{extra}")
+
+    def real(self, key: str, lo: float, hi: float = math.inf, *, lo_open: bool = False, hi_open: bool = False) -> None:
+        v = _get(self.cfg, key)
+        ok = _real(v) and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+        if not ok:
+            lb, rb = ("(" if lo_open else "["), (")" if hi_open else "]")
+            self.fail(key, f"a finite number in {lb}{lo}, {hi}{rb}".replace("inf]", "inf)"))
+
+    def text(self, key: str, *, nullable: bool = False) -> None:
+        v = _get(self.cfg, key)
+        if nullable and v is None:
+            return
+        if not (isinstance(v, str) and v.strip()):
+            self.fail(key, "a non-empty string" + (" or null" if nullable else ""))
+
+    def files(self, key: str, *, nullable: bool) -> None:
+        v = _get(self.cfg, key)
+        if nullable and v is None:
+            return
+        if not (isinstance(v, list) and v and all(isinstance(f, str) and f.strip() for f in v)):
+            self.fail(key, "a file path or a non-empty list of file paths" + (" (or null)" if nullable else ""))
+
+    def sampling(self, prefix: str) -> None:
+        self.int_at_least(f"{prefix}.n", 1)
+        self.real(f"{prefix}.temperature", 0.0)
+        self.real(f"{prefix}.top_p", 0.0, 1.0, lo_open=True)
+        self.int_at_least(f"{prefix}.top_k", -1)
+
+
+def _normalise(cfg: JaxRLConfig) -> None:
+    """Fill the documented derived defaults and normalise file lists (see :func:`load_config`)."""
+    d = cfg.data
+    for name in ("train_files", "val_files"):
+        v = getattr(d, name)
+        if isinstance(v, str):
+            setattr(d, name, [v])
+        elif isinstance(v, (list, tuple)):
+            setattr(d, name, list(v))
+    if d.seed is None:
+        d.seed = cfg.trainer.seed
+    actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    if actor.clip_ratio_low is None:
+        actor.clip_ratio_low = actor.clip_ratio
+    if actor.clip_ratio_high is None:
+        actor.clip_ratio_high = actor.clip_ratio
+    if rollout.max_new_tokens is None:
+        rollout.max_new_tokens = d.max_response_length
+    if rollout.seed is None:
+        rollout.seed = cfg.trainer.seed
+
+
+def _validate(cfg: JaxRLConfig) -> None:
+    """Ranges, choices, then verl's batch arithmetic and cross-field rules."""
+    c = _Checks(cfg)
+    # data
+    c.files("data.train_files", nullable=False)
+    c.files("data.val_files", nullable=True)
+    c.int_at_least("data.train_batch_size", 1)
+    c.int_at_least("data.val_batch_size", 1, nullable=True)
+    c.int_at_least("data.val_max_samples", 1, off=-1)
+    c.int_at_least("data.train_max_samples", 1, off=-1)
+    c.int_at_least("data.max_prompt_length", 1)
+    c.int_at_least("data.max_response_length", 1)
+    c.choice("data.truncation", schema.TRUNCATION_CHOICES)
+    c.text("data.prompt_key")
+    c.int_at_least("data.seed", 0)
+    # model
+    c.text("actor_rollout_ref.model.path")
+    c.text("actor_rollout_ref.model.tokenizer_path", nullable=True)
+    c.choice("actor_rollout_ref.model.dtype", schema.DTYPE_CHOICES)
+    c.choice("actor_rollout_ref.model.param_dtype", schema.DTYPE_CHOICES)
+    # optimizer
+    o = "actor_rollout_ref.actor.optim"
+    c.real(f"{o}.lr", 0.0, lo_open=True)
+    c.real(f"{o}.lr_warmup_steps_ratio", 0.0, 1.0)
+    c.int_at_least(f"{o}.lr_warmup_steps", 0, off=-1)
+    c.real(f"{o}.weight_decay", 0.0)
+    betas = cfg.actor_rollout_ref.actor.optim.betas
+    if not (len(betas) == 2 and all(_real(b) and 0.0 <= b < 1.0 for b in betas)):
+        c.fail(f"{o}.betas", "two numbers in [0, 1), e.g. [0.9, 0.999]")
+    c.real(f"{o}.eps", 0.0, lo_open=True)
+    c.real(f"{o}.min_lr_ratio", 0.0, 1.0)
+    c.choice(f"{o}.lr_scheduler_type", schema.LR_SCHEDULER_CHOICES)
+    # actor
+    a = "actor_rollout_ref.actor"
+    c.real(f"{a}.grad_clip", -math.inf)
+    c.int_at_least(f"{a}.ppo_mini_batch_size", 1)
+    c.int_at_least(f"{a}.ppo_micro_batch_size_per_gpu", 1, nullable=True)
+    c.int_at_least(f"{a}.ppo_epochs", 1)
+    c.real(f"{a}.kl_loss_coef", 0.0)
+    c.choice(f"{a}.kl_loss_type", schema.KL_PENALTY_CHOICES)
+    c.real(f"{a}.entropy_coeff", 0.0)
+    c.real(f"{a}.clip_ratio", 0.0, lo_open=True)
+    c.real(f"{a}.clip_ratio_low", 0.0, 1.0, lo_open=True, hi_open=True)
+    c.real(f"{a}.clip_ratio_high", 0.0, lo_open=True)
+    c.real(f"{a}.clip_ratio_c", 1.0, lo_open=True)
+    c.choice(f"{a}.loss_agg_mode", schema.LOSS_AGG_MODE_CHOICES)
+    c.choice(f"{a}.policy_loss.loss_mode", schema.POLICY_LOSS_MODE_CHOICES)
+    # rollout
+    r = "actor_rollout_ref.rollout"
+    c.choice(f"{r}.name", schema.ROLLOUT_NAME_CHOICES)
+    c.sampling(r)
+    c.sampling(f"{r}.val_kwargs")
+    c.int_at_least(f"{r}.prompt_length", 1)
+    c.int_at_least(f"{r}.response_length", 1)
+    c.int_at_least(f"{r}.max_new_tokens", 1)
+    c.int_at_least(f"{r}.log_prob_micro_batch_size_per_gpu", 1, nullable=True)
+    c.int_at_least(f"{r}.micro_batch_size", 1, nullable=True)
+    c.int_at_least(f"{r}.tensor_model_parallel_size", 1)
+    c.real(f"{r}.gpu_memory_utilization", 0.0, 1.0, lo_open=True)
+    if not all(_is_int(t) and t >= 0 for t in cfg.actor_rollout_ref.rollout.stop_token_ids):
+        c.fail(f"{r}.stop_token_ids", "a list of non-negative token ids")
+    if not (_is_int(cfg.actor_rollout_ref.rollout.seed) and 0 <= cfg.actor_rollout_ref.rollout.seed < _MAX_SEED):
+        c.fail(f"{r}.seed", f"an int in [0, {_MAX_SEED}) or null (= trainer.seed)")
+    c.int_at_least("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", 1, nullable=True)
+    # algorithm
+    c.choice("algorithm.adv_estimator", schema.ADV_ESTIMATOR_CHOICES)
+    c.real("algorithm.gamma", 0.0, 1.0)
+    c.real("algorithm.lam", 0.0, 1.0)
+    c.choice("algorithm.kl_penalty", schema.KL_PENALTY_CHOICES)
+    c.choice("algorithm.kl_ctrl.type", schema.KL_CTRL_TYPE_CHOICES)
+    c.real("algorithm.kl_ctrl.kl_coef", 0.0)
+    c.real("algorithm.kl_ctrl.target_kl", 0.0, lo_open=True)
+    c.int_at_least("algorithm.kl_ctrl.horizon", 1)
+    # trainer
+    c.int_at_least("trainer.total_epochs", 1)
+    c.int_at_least("trainer.total_training_steps", 1, nullable=True)
+    c.int_at_least("trainer.test_freq", 1, off=-1)
+    c.int_at_least("trainer.save_freq", 1, off=-1)
+    loggers = cfg.trainer.logger
+    if not loggers or any(x not in schema.LOGGER_CHOICES for x in loggers) or len(set(loggers)) != len(loggers):
+        c.fail("trainer.logger", "a non-empty list without repeats of " + ", ".join(map(repr, schema.LOGGER_CHOICES)))
+    c.text("trainer.project_name")
+    c.text("trainer.experiment_name")
+    c.text("trainer.default_local_dir")
+    c.int_at_least("trainer.n_gpus_per_node", 1)
+    c.int_at_least("trainer.nnodes", 1)
+    c.int_at_least("trainer.critic_warmup", 0)
+    if not (0 <= cfg.trainer.seed < _MAX_SEED):
+        c.fail("trainer.seed", f"an int in [0, {_MAX_SEED})")
+    c.int_at_least("trainer.log_val_generations", 0)
+    # rewards
+    if cfg.reward_model.enable:
+        raise ConfigError(
+            "reward_model.enable=True is not supported yet: a model-based reward model is a later feature; "
+            "set reward_model.enable=False and score with a rule (built-in by data_source, or "
+            "custom_reward_function.path)"
+        )
+    c.choice("reward_model.reward_manager", schema.REWARD_MANAGER_CHOICES)
+    c.real("reward_model.timeout_s", 0.0, lo_open=True)
+    c.int_at_least("reward_model.num_workers", 1)
+    c.text("custom_reward_function.path", nullable=True)
+    if not (isinstance(cfg.custom_reward_function.name, str) and cfg.custom_reward_function.name.isidentifier()):
+        c.fail("custom_reward_function.name", "a Python function name, e.g. 'compute_score'")
+    _validate_cross(cfg)
+
+
+def _validate_cross(cfg: JaxRLConfig) -> None:
+    """verl's batch arithmetic (``ray_trainer._validate_config``, ``fsdp_workers``, ``ActorConfig.validate``)
+    and other rules that tie two sections together."""
+    d, t = cfg.data, cfg.trainer
+    actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    world = t.n_gpus_per_node * t.nnodes
+    world_s = f"trainer.n_gpus_per_node={t.n_gpus_per_node} x trainer.nnodes={t.nnodes}"
+    n = rollout.n
+    if (d.train_batch_size * n) % world:
+        raise ConfigError(
+            f"data.train_batch_size={d.train_batch_size} x actor_rollout_ref.rollout.n={n} = "
+            f"{d.train_batch_size * n} responses must split evenly over {world_s} = {world} devices"
+        )
+    if d.train_batch_size < actor.ppo_mini_batch_size:
+        raise ConfigError(
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} is invalid; expected "
+            f"<= data.train_batch_size={d.train_batch_size} (both count prompts)"
+        )
+    per_device = actor.ppo_mini_batch_size * n // world
+    if per_device < 1:
+        raise ConfigError(
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} x "
+            f"actor_rollout_ref.rollout.n={n} = {actor.ppo_mini_batch_size * n} responses per mini-batch is fewer "
+            f"than the {world} devices ({world_s}); expected at least one response per device"
+        )
+    micro = actor.ppo_micro_batch_size_per_gpu
+    if micro is not None and per_device % micro:
+        raise ConfigError(
+            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro} must divide the per-device mini-batch "
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} x "
+            f"actor_rollout_ref.rollout.n={n} / {world} devices = {per_device} responses; "
+            f"valid: a divisor of {per_device}"
+        )
+    if rollout.max_new_tokens > d.max_response_length:
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.max_new_tokens={rollout.max_new_tokens} is invalid; expected "
+            f"<= data.max_response_length={d.max_response_length} (the response buffer)"
+        )
+    if rollout.name in ("vllm", "jetstream") and world % rollout.tensor_model_parallel_size:
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={rollout.tensor_model_parallel_size} must "
+            f"divide the {world} devices ({world_s}) for rollout.name={rollout.name!r}"
+        )
+    if d.val_files is None and (t.val_before_train or t.test_freq > 0):
+        raise ConfigError(
+            f"data.val_files=None but validation is on (trainer.val_before_train={t.val_before_train}, "
+            f"trainer.test_freq={t.test_freq}); set data.val_files, or trainer.val_before_train=False "
+            "and trainer.test_freq=-1"
+        )
+    vk = rollout.val_kwargs
+    if vk.do_sample and vk.temperature <= 0:
+        raise ConfigError(
+            "actor_rollout_ref.rollout.val_kwargs.do_sample=True needs "
+            f"actor_rollout_ref.rollout.val_kwargs.temperature > 0; got {vk.temperature!r}"
+        )
+
+
+# ------------------------------------------------------------------------------- public API
+def load_config_with_notes(config_path: str | Path | None, overrides: Sequence[str] = ()) -> LoadedConfig:
+    """Load and validate a config, also returning the compat notes.
+
+    Args:
+      config_path: a YAML file (verl-style sections), or None for schema defaults only.
+      overrides: ``"a.b.c=value"`` strings applied after the file, in order (later wins).
+
+    Returns:
+      :class:`LoadedConfig` with the validated :class:`JaxRLConfig` and one
+      :class:`~jaxrl.config.compat.CompatNote` per accepted verl key with no JAX meaning.
+
+    Raises:
+      ConfigError: missing/invalid YAML file, malformed override, unknown key (with a "did you
+        mean" suggestion), wrong type, unresolvable interpolation, value out of range or not one of
+        the choices, verl batch arithmetic violated, or an unsupported feature requested.
+    """
+    pairs = _raw_pairs(config_path, list(overrides))
+    kept, notes = _classify(pairs)
+    cfg = OmegaConf.structured(JaxRLConfig)
+    _assign(cfg, kept)
+    obj = _resolve(cfg)
+    _normalise(obj)
+    _validate(obj)
+    return LoadedConfig(config=obj, notes=tuple(notes))
+
+
+def load_config(config_path: str | Path | None, overrides: Sequence[str] = ()) -> JaxRLConfig:
+    """Schema defaults <- YAML file <- ``key=value`` overrides, validated, as a :class:`JaxRLConfig`.
+
+    Interpolations (``${trainer.project_name}``, ``${oc.env:HOME}``) are resolved, and
+    ``${JAXRL_SHARED}`` in a string expands to :func:`jaxrl.paths.shared_dir`. Derived defaults
+    filled in the returned object: ``data.train_files``/``val_files`` become ``list[str]``;
+    ``data.seed`` and ``actor_rollout_ref.rollout.seed`` null -> ``trainer.seed``;
+    ``actor.clip_ratio_low``/``clip_ratio_high`` null -> ``actor.clip_ratio``;
+    ``rollout.max_new_tokens`` null -> ``data.max_response_length``.
+
+    Raises:
+      ConfigError: see :func:`load_config_with_notes`.
+    """
+    return load_config_with_notes(config_path, overrides).config
+
+
+def config_to_dict(cfg: JaxRLConfig) -> dict:
+    """The config as plain nested dicts/lists (for logging, e.g. into a run's ``config.yaml``)."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+
+
+def config_to_yaml(cfg: JaxRLConfig) -> str:
+    """The resolved config as YAML text; loading it back gives an equal config."""
+    return OmegaConf.to_yaml(OmegaConf.create(config_to_dict(cfg)))

@@ -1,0 +1,277 @@
+"""The typed jaxrl config: nested dataclasses, the single source of truth for keys and defaults.
+
+Key names and defaults follow verl's ``verl/trainer/config/ppo_trainer.yaml`` (and the generated
+``_generated_ppo_trainer.yaml``, ``actor/``, ``rollout/``, ``ref/`` yaml) so a verl command line
+``a.b.c=value`` means the same thing here. Fields marked "jaxrl:" have no verl counterpart. Where a
+default differs from verl's, the comment says why.
+
+The loader (:mod:`jaxrl.config.loader`) builds an OmegaConf structured config from
+:class:`JaxRLConfig`, merges YAML and ``key=value`` overrides, validates, and returns an instance of
+:class:`JaxRLConfig`. Nothing here imports jax.
+
+This module must not use ``from __future__ import annotations``: OmegaConf reads the real types.
+"""
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import II
+
+# ---------------------------------------------------------------------------------------------
+# Valid choices (kept here, beside the fields, so the loader and the docs read one list).
+# The KL and loss-aggregation lists equal jaxrl.algorithms.kl.KL_PENALTIES / agg.LOSS_AGG_MODES
+# (a test checks it); they are repeated so loading a config never imports jax.
+# ---------------------------------------------------------------------------------------------
+TRUNCATION_CHOICES: tuple[str, ...] = ("error", "left", "right")
+DTYPE_CHOICES: tuple[str, ...] = ("float32", "bfloat16")
+LR_SCHEDULER_CHOICES: tuple[str, ...] = ("constant", "cosine")
+KL_PENALTY_CHOICES: tuple[str, ...] = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+LOSS_AGG_MODE_CHOICES: tuple[str, ...] = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+)
+POLICY_LOSS_MODE_CHOICES: tuple[str, ...] = ("vanilla",)
+ROLLOUT_NAME_CHOICES: tuple[str, ...] = ("jax", "vllm", "jetstream")
+ADV_ESTIMATOR_CHOICES: tuple[str, ...] = ("grpo",)
+KL_CTRL_TYPE_CHOICES: tuple[str, ...] = ("fixed", "adaptive")
+LOGGER_CHOICES: tuple[str, ...] = ("console", "jsonl", "tensorboard", "wandb")
+REWARD_MANAGER_CHOICES: tuple[str, ...] = ("naive",)
+
+
+# ------------------------------------------------------------------------------------- data
+@dataclass
+class DataConfig:
+    """``data.*``: datasets, prompt/response lengths and batch sizes (in prompts)."""
+
+    train_files: Any = "~/data/rlhf/gsm8k/train.parquet"  # str or list[str] (parquet/jsonl/jaxrl://builtin)
+    val_files: Any = "~/data/rlhf/gsm8k/test.parquet"  # str or list[str], or null = no validation set
+    train_batch_size: int = 1024  # prompts per RL step (each gets rollout.n responses)
+    val_batch_size: Optional[int] = None  # prompts per validation generate call; null = whole val set in one pass
+    val_max_samples: int = -1  # jaxrl: validate on the first N val prompts; -1 = all
+    train_max_samples: int = -1  # use at most N train prompts (random subset, seeded); -1 = all
+    max_prompt_length: int = 512  # prompt budget in tokens (prompts are left-padded to it)
+    max_response_length: int = 512  # response budget in tokens (rollout generates up to this)
+    filter_overlong_prompts: bool = False  # drop prompts longer than max_prompt_length when loading
+    truncation: str = "error"  # overlong prompt that was not filtered: "error" | "left" | "right"
+    shuffle: bool = True  # shuffle the train set every epoch
+    seed: Optional[int] = None  # shuffle/subset seed; null = trainer.seed (filled by the loader)
+    prompt_key: str = "prompt"  # dataset column with the prompt (chat messages or plain text)
+    skip_malformed: bool = False  # jaxrl: skip rows that fail to parse instead of raising
+
+
+# ------------------------------------------------------------------------ actor_rollout_ref
+@dataclass
+class ModelConfig:
+    """``actor_rollout_ref.model.*``: the policy model (the reference model is its initial copy)."""
+
+    path: str = "~/models/deepseek-llm-7b-chat"  # HF dir, .gguf file, or alias (jaxrl.models.resolve)
+    tokenizer_path: Optional[str] = None  # null = the tokenizer that ships with the model
+    enable_gradient_checkpointing: bool = True  # jax.checkpoint (remat) each decoder layer in the actor update
+    dtype: str = "bfloat16"  # compute/activation dtype: "float32" | "bfloat16"
+    param_dtype: str = "float32"  # master parameter + optimizer dtype (verl FSDP mixed precision keeps fp32)
+    use_remove_padding: bool = False  # accepted for verl parity, no-op: padding is masked, shapes bucketed
+
+
+@dataclass
+class OptimConfig:
+    """``actor_rollout_ref.actor.optim.*``: AdamW and its learning-rate schedule."""
+
+    lr: float = 1e-6  # peak learning rate (verl actor default)
+    lr_warmup_steps_ratio: float = 0.0  # warm-up length as a fraction of total steps (used when lr_warmup_steps = -1)
+    lr_warmup_steps: int = -1  # warm-up length in optimizer steps; -1 = use lr_warmup_steps_ratio
+    weight_decay: float = 0.01  # decoupled (AdamW) weight decay
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # Adam (beta1, beta2)
+    eps: float = 1e-8  # jaxrl: Adam epsilon (torch.optim.AdamW default)
+    min_lr_ratio: float = 0.0  # cosine schedule floor as a fraction of lr
+    lr_scheduler_type: str = "constant"  # "constant" | "cosine" (verl's older name: warmup_style)
+
+
+@dataclass
+class PolicyLossConfig:
+    """``actor_rollout_ref.actor.policy_loss.*``."""
+
+    loss_mode: str = "vanilla"  # "vanilla" = PPO clipped surrogate with dual clip (verl compute_policy_loss)
+
+
+@dataclass
+class ActorConfig:
+    """``actor_rollout_ref.actor.*``: the policy update (batch sizes in prompts, times rollout.n)."""
+
+    optim: OptimConfig = field(default_factory=OptimConfig)  # optimizer section
+    grad_clip: float = 1.0  # max global gradient norm; <= 0 disables clipping
+    ppo_mini_batch_size: int = 256  # prompts per optimizer update (x rollout.n responses, / data-parallel size)
+    ppo_micro_batch_size_per_gpu: Optional[int] = None  # responses per device per forward/backward; null = whole mini-batch
+    ppo_epochs: int = 1  # passes over each RL batch
+    shuffle: bool = False  # shuffle responses before splitting into mini-batches
+    use_kl_loss: bool = False  # add kl_loss_coef * KL(pi || ref) to the loss (GRPO style)
+    kl_loss_coef: float = 0.001  # weight of the KL loss
+    kl_loss_type: str = "low_var_kl"  # KL estimator: kl/k1, abs, mse/k2, low_var_kl/k3
+    entropy_coeff: float = 0.0  # entropy bonus weight (loss -= entropy_coeff * entropy)
+    clip_ratio: float = 0.2  # PPO clip epsilon (fallback for clip_ratio_low/high)
+    clip_ratio_low: Optional[float] = 0.2  # lower clip epsilon; null = clip_ratio (filled by the loader)
+    clip_ratio_high: Optional[float] = 0.2  # upper clip epsilon (DAPO clip-higher); null = clip_ratio
+    clip_ratio_c: float = 3.0  # dual-clip constant for negative advantages, > 1
+    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)  # policy-loss section
+
+
+@dataclass
+class SamplingKwargs:
+    """``actor_rollout_ref.rollout.val_kwargs.*``: sampling for validation (greedy by default)."""
+
+    n: int = 1  # responses per validation prompt
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0  # nucleus mass in (0, 1]
+    top_k: int = -1  # -1 (or 0) = off
+    do_sample: bool = False  # False = greedy argmax
+
+
+@dataclass
+class RolloutConfig:
+    """``actor_rollout_ref.rollout.*``: response generation."""
+
+    name: str = "jax"  # backend: "jax" = embedded JAX sampler | "vllm" | "jetstream" (verl has no default)
+    n: int = 1  # responses per prompt (GRPO group size, >= 2 for grpo)
+    temperature: float = 1.0  # sampling temperature; 0 = greedy
+    top_p: float = 1.0  # nucleus mass in (0, 1]
+    top_k: int = -1  # -1 (or 0) = off
+    do_sample: bool = True  # False = greedy argmax
+    max_new_tokens: Optional[int] = None  # jaxrl: generation cap; null = data.max_response_length (filled)
+    prompt_length: int = II("data.max_prompt_length")  # prompt width seen by the rollout
+    response_length: int = II("data.max_response_length")  # response width seen by the rollout
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None  # responses per device per log-prob forward; null = all
+    micro_batch_size: Optional[int] = None  # jaxrl: max sequences per generate call; null = no cap
+    tensor_model_parallel_size: int = 2  # TP degree of vLLM/JetStream (the jax sampler uses the training mesh)
+    gpu_memory_utilization: float = 0.5  # vLLM: fraction of GPU memory for weights + KV cache
+    stop_token_ids: list[int] = field(default_factory=list)  # jaxrl: extra ids that end a response (besides eos)
+    seed: Optional[int] = None  # jaxrl: sampling PRNG seed; null = trainer.seed (filled by the loader)
+    val_kwargs: SamplingKwargs = field(default_factory=SamplingKwargs)  # validation sampling section
+
+
+@dataclass
+class RefConfig:
+    """``actor_rollout_ref.ref.*``: the frozen reference policy (for the KL loss / KL reward)."""
+
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None  # responses per device per ref forward; null = all
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    """``actor_rollout_ref.*``: model, actor update, rollout and reference."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)  # policy model section
+    actor: ActorConfig = field(default_factory=ActorConfig)  # actor update section
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)  # generation section
+    ref: RefConfig = field(default_factory=RefConfig)  # reference-policy section
+
+
+# -------------------------------------------------------------------------------- algorithm
+@dataclass
+class KLControlConfig:
+    """``algorithm.kl_ctrl.*``: KL-in-reward coefficient controller (used when use_kl_in_reward)."""
+
+    type: str = "fixed"  # "fixed" | "adaptive" (Ziegler et al. 2019 adaptive controller)
+    kl_coef: float = 0.001  # (initial) KL coefficient
+    target_kl: float = 0.1  # adaptive: target KL per step
+    horizon: int = 10000  # adaptive: controller horizon in samples
+
+
+@dataclass
+class AlgorithmConfig:
+    """``algorithm.*``: advantage estimation and KL-in-reward."""
+
+    adv_estimator: str = "grpo"  # "grpo" (verl defaults to gae, which needs a critic jaxrl does not have yet)
+    norm_adv_by_std_in_grpo: bool = True  # divide group-centred scores by the group std (False = Dr. GRPO)
+    use_kl_in_reward: bool = False  # subtract kl_ctrl.kl_coef * KL(pi || ref) from token rewards
+    gamma: float = 1.0  # discount (GAE/returns)
+    lam: float = 1.0  # GAE lambda
+    kl_penalty: str = "kl"  # KL estimator for the in-reward penalty (same choices as kl_loss_type)
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)  # KL controller section
+
+
+# ---------------------------------------------------------------------------------- trainer
+@dataclass
+class TrainerConfig:
+    """``trainer.*``: loop length, validation/checkpoint cadence, logging, world size."""
+
+    total_epochs: int = 30  # passes over the train set
+    total_training_steps: Optional[int] = None  # null = total_epochs x steps per epoch; else stops at this step
+    test_freq: int = -1  # validate every N steps; -1 = off
+    save_freq: int = -1  # checkpoint every N steps; -1 = off
+    val_before_train: bool = True  # validate once before the first step
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # console|jsonl|tensorboard|wandb
+    project_name: str = "verl_examples"  # experiment group name
+    experiment_name: str = "gsm8k"  # run name
+    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"  # checkpoints + logs
+    n_gpus_per_node: int = 8  # accelerator devices per host (data-parallel world = this x nnodes)
+    nnodes: int = 1  # hosts
+    critic_warmup: int = 0  # steps that update only the critic before the actor (no critic yet: keep 0)
+    seed: int = 1  # jaxrl: global seed (data shuffle and sampling default to it)
+    log_val_generations: int = 0  # number of validation samples (prompt, response, score) to log
+
+
+# ------------------------------------------------------------------------------ rewards
+@dataclass
+class RewardModelConfig:
+    """``reward_model.*``: reward scoring (rule-based; a model RM is a later feature)."""
+
+    enable: bool = False  # True = model-based reward model (not supported yet: the loader rejects it)
+    reward_manager: str = "naive"  # how scores are computed per sample: "naive" (one call per response)
+    timeout_s: float = 30.0  # jaxrl: per-call reward-function timeout in seconds
+    num_workers: int = 1  # jaxrl: parallel scoring workers (1 = score in the trainer process)
+
+
+@dataclass
+class CustomRewardFunctionConfig:
+    """``custom_reward_function.*``: a user ``compute_score`` in a Python file."""
+
+    path: Optional[str] = None  # .py file holding the function; null = built-in scorer by data_source
+    name: str = "compute_score"  # function name inside that file
+
+
+# ------------------------------------------------------------------------------- top level
+@dataclass
+class JaxRLConfig:
+    """The whole run config (verl's top-level sections; ``critic`` is not modelled yet)."""
+
+    data: DataConfig = field(default_factory=DataConfig)  # datasets and lengths
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)  # policy side
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)  # advantage + KL-in-reward
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)  # loop, cadence, logging
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)  # reward scoring
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+
+
+# ------------------------------------------------------------------------- key inventory
+def _walk(cls: type, prefix: str, leaves: dict[str, Any], sections: dict[str, type]) -> None:
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            sections[key] = tp
+            _walk(tp, key, leaves, sections)
+        else:
+            leaves[key] = tp
+
+
+def schema_keys() -> tuple[dict[str, Any], dict[str, type]]:
+    """Return ``(leaves, sections)`` of :class:`JaxRLConfig`.
+
+    ``leaves`` maps every full dotted leaf key (``"actor_rollout_ref.actor.optim.lr"``) to its
+    annotated type (``float``, ``Optional[int]``, ``list[str]``, ``Any`` ...); ``sections`` maps
+    every dotted section key (``"actor_rollout_ref.actor"``) to its dataclass.
+    """
+    leaves: dict[str, Any] = {}
+    sections: dict[str, type] = {}
+    _walk(JaxRLConfig, "", leaves, sections)
+    return leaves, sections
+
+
+def valid_keys() -> list[str]:
+    """All valid full dotted leaf keys of :class:`JaxRLConfig`, in declaration order."""
+    return list(schema_keys()[0])
