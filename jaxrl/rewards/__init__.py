@@ -1,0 +1,55 @@
+"""Rule-based rewards (verl ``verl/utils/reward_score``-style), the custom-function loader and the
+concurrent reward manager. No jax import.
+"""
+
+from __future__ import annotations
+
+from jaxrl.rewards import gsm8k, sentiment
+from jaxrl.rewards.custom import load_custom_reward_fn
+from jaxrl.rewards.manager import RewardManager, RewardOutput
+
+GSM8K_SOURCES = ("openai/gsm8k",)
+SENTIMENT_SOURCES = ("tinystories/sentiment",)
+KNOWN_DATA_SOURCES = GSM8K_SOURCES + SENTIMENT_SOURCES
+
+
+def default_compute_score(data_source: str, solution_str: str, ground_truth, extra_info=None) -> float:
+    """Score one response by its data source, like verl's ``default_compute_score``.
+
+    Dispatch:
+      * ``"openai/gsm8k"`` -> :func:`jaxrl.rewards.gsm8k.compute_score` (strict ``#### N``; 1.0 / 0.0);
+      * ``"tinystories/sentiment"`` -> :func:`jaxrl.rewards.sentiment.compute_score` (in ``[-1, 1]``;
+        ``ground_truth`` is ignored).
+
+    Args:
+        data_source: the row's ``data_source``.
+        solution_str: the decoded response.
+        ground_truth: the row's ``reward_model.ground_truth``.
+        extra_info: the row's ``extra_info`` (unused by these scorers; part of verl's signature).
+
+    Returns:
+        float score.
+
+    Raises:
+        NotImplementedError: unknown ``data_source`` (the message lists the known ones and points to
+            ``custom_reward_function``).
+    """
+    if data_source in GSM8K_SOURCES:
+        return float(gsm8k.compute_score(solution_str, ground_truth))
+    if data_source in SENTIMENT_SOURCES:
+        return float(sentiment.compute_score(solution_str))
+    raise NotImplementedError(
+        f"no built-in reward for data_source={data_source!r}; known data sources: "
+        f"{list(KNOWN_DATA_SOURCES)} (for others, set custom_reward_function.path/name)"
+    )
+
+
+__all__ = [
+    "KNOWN_DATA_SOURCES",
+    "RewardManager",
+    "RewardOutput",
+    "default_compute_score",
+    "gsm8k",
+    "load_custom_reward_fn",
+    "sentiment",
+]

@@ -1,0 +1,105 @@
+"""`python -m jaxrl.data.prepare` on the real shared GSM8K / MATH files."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pyarrow.parquet as pq
+import pytest
+
+from jaxrl.data import prepare
+
+INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+
+
+def _raw(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_gsm8k_schema_and_fields(shared, tmp_path):
+    src = shared / "data" / "gsm8k"
+    # 150 rows: test row 146 is the first whose answer uses a thousands comma.
+    counts = prepare.main(["gsm8k", "--input", str(src), "--output", str(tmp_path), "--max-rows", "150"])
+    assert counts == {"train": {"written": 150, "skipped": 0}, "test": {"written": 150, "skipped": 0}}
+    for split in ("train", "test"):
+        table = pq.read_table(tmp_path / f"{split}.parquet")
+        assert table.column_names == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
+        rows = table.to_pylist()
+        raw = _raw(src / f"{split}.jsonl")[:150]
+        assert len(rows) == 150
+        for i, (row, ex) in enumerate(zip(rows, raw)):
+            gt = ex["answer"].split("####")[-1].strip().replace(",", "")
+            assert row == {
+                "data_source": "openai/gsm8k",
+                "prompt": [{"role": "user", "content": ex["question"] + " " + INSTRUCTION}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": gt},
+                "extra_info": {
+                    "split": split,
+                    "index": i,
+                    "answer": ex["answer"],
+                    "question": ex["question"],
+                },
+            }
+    test_rows = pq.read_table(tmp_path / "test.parquet").to_pylist()
+    comma_row = test_rows[146]
+    assert re.search(r"#### \d{1,3},\d{3}", comma_row["extra_info"]["answer"])
+    gt = comma_row["reward_model"]["ground_truth"]
+    assert "," not in gt and gt == comma_row["extra_info"]["answer"].split("#### ")[-1].replace(",", "")
+
+
+def test_gsm8k_full_ground_truths_are_plain_numbers(shared, tmp_path):
+    counts = prepare.main(["gsm8k", "--input", str(shared / "data/gsm8k"), "--output", str(tmp_path)])
+    assert counts["train"]["written"] == 7473 and counts["test"]["written"] == 1319
+    gts = [
+        r["ground_truth"]
+        for r in pq.read_table(tmp_path / "train.parquet").column("reward_model").to_pylist()
+    ]
+    assert all(re.fullmatch(r"-?\d+(\.\d+)?", g) for g in gts), [
+        g for g in gts if not re.fullmatch(r"-?\d+", g)
+    ][:5]
+    assert sum(g.startswith("-") for g in gts) > 0  # the negative answers survive
+
+
+def test_math_skips_rows_without_answer(shared, tmp_path):
+    src = shared / "data" / "math"
+    counts = prepare.main(["math", "--input", str(src), "--output", str(tmp_path), "--max-rows", "1710"])
+    raw = _raw(src / "train.jsonl")[:1710]
+    missing = sum(not (isinstance(r.get("answer"), str) and r["answer"].strip()) for r in raw)
+    assert missing == 2  # rows 1655 and 1707 of the shared copy have no answer
+    assert counts["train"] == {"written": 1710 - missing, "skipped": missing}
+    rows = pq.read_table(tmp_path / "train.parquet").to_pylist()
+    assert rows[0]["data_source"] == "DigitalLearningGmbH/MATH-lighteval"
+    assert rows[0]["reward_model"] == {"style": "rule", "ground_truth": raw[0]["answer"]}
+    assert rows[0]["prompt"][0]["content"].endswith("output the final answer within \\boxed{}.")
+    assert rows[-1]["extra_info"] == {"split": "train", "index": 1709}
+
+
+def test_last_boxed_matches_shared_answers(shared):
+    raw = _raw(shared / "data/math/test.jsonl")[:300]
+    assert all(prepare.last_boxed(r["solution"]) == r["answer"] for r in raw)
+    assert prepare.last_boxed(r"so \boxed{\frac{1}{2}} and \boxed{3}") == "3"
+    assert prepare.last_boxed("no box") is None
+
+
+def test_unreachable_input_names_both_options(tmp_path):
+    with pytest.raises(SystemExit, match=r"not a local folder.*hub.*--input"):
+        prepare.main(
+            ["gsm8k", "--input", "no-such-owner-jaxrl/no-such-dataset", "--output", str(tmp_path)]
+        )
+
+
+def test_bad_max_rows(shared, tmp_path):
+    with pytest.raises(ValueError, match="max-rows"):
+        prepare.main(
+            [
+                "gsm8k",
+                "--input",
+                str(shared / "data/gsm8k"),
+                "--output",
+                str(tmp_path),
+                "--max-rows",
+                "0",
+            ]
+        )

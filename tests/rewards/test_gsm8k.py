@@ -1,0 +1,57 @@
+"""GSM8K rule reward: a table of responses against verl's extraction rules plus our number equality."""
+
+from __future__ import annotations
+
+import pytest
+
+from jaxrl.rewards import default_compute_score, gsm8k
+
+CASES = [
+    # (response, ground_truth, method, expected_extraction, expected_score)
+    ("She sold 48 + 24 = 72 clips.\n#### 72", "72", "strict", "72", 1.0),
+    ("#### 71", "72", "strict", "71", 0.0),
+    ("The answer is 72", "72", "strict", None, 0.0),  # no "####": strict finds nothing
+    ("The answer is 72", "72", "flexible", "72", 1.0),
+    ("#### 1,000", "1000", "strict", "1000", 1.0),
+    ("#### $1,000", "1000", "strict", "1000", 1.0),
+    ("It costs $1,000.", "1000", "flexible", "1000", 1.0),
+    ("#### -5", "-5", "strict", "-5", 1.0),
+    ("#### 5", "-5", "strict", "5", 0.0),
+    ("The change is -12 degrees", "-12", "flexible", "-12", 1.0),
+    ("#### 18.00", "18", "strict", "18.00", 1.0),
+    ("#### 18.5", "18", "strict", "18.5", 0.0),
+    ("#### 18.", "18", "strict", "18", 1.0),
+    ("So she has 18 apples.", "18", "flexible", "18", 1.0),
+    ("#### 3\nwait, actually\n#### 4", "4", "strict", "4", 1.0),  # the last "####" wins
+    ("first 3 then 4 ...", "4", "flexible", "4", 1.0),  # trailing dots are not a number
+    ("no digits at all.", "4", "flexible", None, 0.0),
+    ("", "4", "strict", None, 0.0),
+    ("#### 7" + " padding" * 50, "7", "strict", None, 0.0),  # answer outside the last 300 chars
+    ("x" * 1000 + "#### 7", "7", "strict", "7", 1.0),
+]
+
+
+@pytest.mark.parametrize("response,gt,method,extracted,score", CASES)
+def test_table(response, gt, method, extracted, score):
+    assert gsm8k.extract_solution(response, method=method) == extracted
+    assert gsm8k.compute_score(response, gt, method=method) == score
+
+
+def test_format_score_and_score():
+    assert gsm8k.compute_score("#### 71", "72", format_score=0.1, score=2.0) == pytest.approx(0.1)
+    assert gsm8k.compute_score("#### 72", "72", format_score=0.1, score=2.0) == 2.0
+    assert gsm8k.compute_score("no answer", "72", format_score=0.1) == 0.0
+
+
+def test_bad_method():
+    with pytest.raises(ValueError, match=r"method='loose'.*\('strict', 'flexible'\)"):
+        gsm8k.extract_solution("#### 1", method="loose")
+
+
+def test_default_compute_score_dispatch():
+    assert default_compute_score("openai/gsm8k", "#### 1,234", "1234") == 1.0
+    assert default_compute_score("tinystories/sentiment", "They were happy and smiled.", "") == 0.5
+    with pytest.raises(
+        NotImplementedError, match=r"'lighteval/MATH'.*openai/gsm8k.*tinystories/sentiment"
+    ):
+        default_compute_score("lighteval/MATH", "x", "y")
