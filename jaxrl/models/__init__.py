@@ -1,0 +1,120 @@
+"""Model definitions and loaders: the Flax NNX :class:`Decoder` and :func:`load_pretrained`.
+
+``load_pretrained`` accepts a Hugging Face model directory, a ``*.gguf`` file or a llama2.c ``*.bin`` checkpoint
+(after :func:`jaxrl.models.resolve.resolve_model_path` expands the spec).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import jax.numpy as jnp
+
+from jaxrl.models.config import ModelConfig
+from jaxrl.models.decoder import Decoder, KVCache, init_cache
+
+__all__ = [
+    "Decoder",
+    "KVCache",
+    "ModelConfig",
+    "Pretrained",
+    "init_cache",
+    "load_pretrained",
+    "parse_dtype",
+]
+
+_DTYPES = {
+    "float32": jnp.float32,
+    "fp32": jnp.float32,
+    "f32": jnp.float32,
+    "bfloat16": jnp.bfloat16,
+    "bf16": jnp.bfloat16,
+}
+
+
+def parse_dtype(name: Any) -> jnp.dtype:
+    """Map ``"float32"|"fp32"|"f32"|"bfloat16"|"bf16"`` (or a float32/bfloat16 dtype) to a ``jnp.dtype``.
+
+    Raises:
+        ValueError: any other value (the message lists the accepted names).
+    """
+    if isinstance(name, str):
+        key = name.strip().lower()
+        if key in _DTYPES:
+            return jnp.dtype(_DTYPES[key])
+    else:
+        try:
+            dt = jnp.dtype(name)
+        except TypeError:
+            dt = None
+        if dt is not None and dt in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+            return dt
+    raise ValueError(f"unsupported dtype {name!r}; use one of {sorted(_DTYPES)}")
+
+
+@dataclass
+class Pretrained:
+    """A loaded model: its config, the NNX :class:`Decoder`, and the tokenizer (or None)."""
+
+    config: ModelConfig
+    model: Decoder
+    tokenizer: Any
+
+
+def load_pretrained(
+    path: str,
+    *,
+    param_dtype: str = "float32",
+    dtype: str = "float32",
+    remat: bool = False,
+    load_tokenizer: bool = True,
+) -> Pretrained:
+    """Load a pretrained decoder (and tokenizer) from a model spec.
+
+    Args:
+        path: anything :func:`jaxrl.models.resolve.resolve_model_path` accepts; it resolves to a Hugging Face
+            directory (with ``config.json``), a ``*.gguf`` file, or a llama2.c ``*.bin`` checkpoint.
+        param_dtype: storage dtype name for parameters (``"float32"``/``"fp32"``/``"bfloat16"``/``"bf16"``).
+        dtype: compute dtype name (same choices).
+        remat: rematerialise each block in the backward pass.
+        load_tokenizer: also load the tokenizer via ``jaxrl.models.tokenizer.load_tokenizer``.
+
+    Returns:
+        :class:`Pretrained` with ``tokenizer=None`` when ``load_tokenizer`` is False.
+
+    Raises:
+        ValueError: bad dtype name, unsupported architecture, or a checkpoint that does not match its config.
+        FileNotFoundError: the resolved path does not exist or is not a recognised checkpoint.
+    """
+    pdt, cdt = parse_dtype(param_dtype), parse_dtype(dtype)
+    from jaxrl.models import hf
+    from jaxrl.models.resolve import resolve_model_path
+
+    resolved = resolve_model_path(path)
+    if os.path.isdir(resolved):
+        if not os.path.isfile(os.path.join(resolved, "config.json")):
+            raise FileNotFoundError(f"model directory {resolved!r} has no config.json")
+        hf_config, tensors = hf.load_hf_dir(resolved)
+    elif os.path.isfile(resolved) and resolved.endswith(".gguf"):
+        from jaxrl.models.gguf import read_gguf
+
+        hf_config, tensors = read_gguf(resolved)
+    elif os.path.isfile(resolved) and resolved.endswith(".bin"):
+        from jaxrl.models.llama2c import read_llama2c
+
+        hf_config, tensors = read_llama2c(resolved)
+    else:
+        raise FileNotFoundError(
+            f"model path {resolved!r} (from {path!r}) is not a directory with config.json, a .gguf file "
+            "or a llama2.c .bin file"
+        )
+    cfg = ModelConfig.from_hf_config(hf_config)
+    model = hf.from_hf_tensors(cfg, tensors, param_dtype=pdt, dtype=cdt, remat=remat)
+    tokenizer = None
+    if load_tokenizer:
+        from jaxrl.models.tokenizer import load_tokenizer as _load_tokenizer
+
+        tokenizer = _load_tokenizer(resolved)
+    return Pretrained(config=cfg, model=model, tokenizer=tokenizer)

@@ -1,0 +1,406 @@
+"""Decoder-only transformer (Llama / Qwen2 / Qwen3) in Flax NNX, with an explicit-slot KV cache.
+
+Numerics follow Hugging Face ``transformers`` (``modeling_llama.py``, ``modeling_qwen2.py``, ``modeling_qwen3.py``,
+``modeling_rope_utils.py``): pre-norm blocks, RMSNorm computed in float32, RoPE with the ``rotate_half``
+convention (first half / second half of ``head_dim`` paired), grouped-query attention where query head ``h`` reads
+key/value head ``h // (nH // nKV)``, SwiGLU MLP ``down(silu(gate(x)) * up(x))``.
+
+Parameter layouts and logical axis names (stored as NNX ``out_sharding`` metadata with ``eager_sharding=False``,
+so nothing needs a mesh; ``nnx.get_partition_spec(nnx.state(model))`` returns them for a later mapping from
+logical names to mesh axes)::
+
+    embed_tokens                [V, H]        ("vocab", "embed")
+    layers[i].input_layernorm.scale, post_attention_layernorm.scale, norm.scale
+                                [H]           ("embed",)
+    layers[i].self_attn.q_proj  [H, nH, D]    ("embed", "heads", "head_dim")
+    layers[i].self_attn.k_proj  [H, nKV, D]   ("embed", "kv_heads", "head_dim")   (v_proj likewise)
+    layers[i].self_attn.o_proj  [nH, D, H]    ("heads", "head_dim", "embed")
+    layers[i].self_attn.q_bias  [nH, D]       ("heads", "head_dim")               (k_bias/v_bias: "kv_heads")
+    layers[i].self_attn.q_norm.scale, k_norm.scale
+                                [D]           ("head_dim",)
+    layers[i].mlp.gate_proj     [H, I]        ("embed", "mlp")                    (up_proj likewise)
+    layers[i].mlp.down_proj     [I, H]        ("mlp", "embed")
+    lm_head                     [H, V]        ("embed", "vocab")                  (absent when tied)
+
+``V`` vocab, ``H`` hidden, ``I`` intermediate, ``nH`` query heads, ``nKV`` kv heads, ``D`` head_dim.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl.models.config import ModelConfig
+
+# Finite "minus infinity" for masked attention scores: a fully masked row then softmaxes to a uniform
+# distribution instead of NaN (padding rows are ignored by callers anyway).
+_MASK_VALUE = -1e30
+
+
+class KVCache(NamedTuple):
+    """Key/value cache for all layers.
+
+    Attributes:
+        k: ``[num_layers, batch, max_len, num_kv_heads, head_dim]`` keys after RoPE (and q/k-norm).
+        v: ``[num_layers, batch, max_len, num_kv_heads, head_dim]`` values.
+    """
+
+    k: jax.Array
+    v: jax.Array
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=jnp.float32) -> KVCache:
+    """Return an all-zero :class:`KVCache` of shape ``[L, batch, max_len, nKV, D]`` in ``dtype``.
+
+    Raises:
+        ValueError: ``batch`` or ``max_len`` is not a positive int.
+    """
+    for name, v in (("batch", batch), ("max_len", max_len)):
+        if not isinstance(v, (int, np.integer)) or v <= 0:
+            raise ValueError(f"{name} must be a positive int; got {v!r}")
+    shape = (cfg.num_hidden_layers, int(batch), int(max_len), cfg.num_key_value_heads, cfg.head_dim)
+    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+
+
+# ----------------------------------------------------------------------------------------------- pure math
+def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
+    """Inverse RoPE frequencies ``[head_dim // 2]`` float32 for ``cfg`` (default, linear or llama3 scaling).
+
+    Formulas from ``transformers.modeling_rope_utils`` (``_compute_default_rope_parameters``,
+    ``_compute_linear_scaling_rope_parameters``, ``_compute_llama3_parameters``):
+    ``inv_freq[i] = rope_theta ** (-2i / head_dim)``; linear divides by ``factor``; llama3 divides the
+    low-frequency band (wavelength > ``original_max_position_embeddings / low_freq_factor``) by ``factor``, keeps the
+    high-frequency band, and interpolates smoothly in between.
+    """
+    d = cfg.head_dim
+    exponents = np.arange(0, d, 2, dtype=np.float32) / np.float32(d)
+    inv = (1.0 / (np.float32(cfg.rope_theta) ** exponents)).astype(np.float32)
+    rs = cfg.rope_scaling
+    if rs is None:
+        return inv
+    if rs["rope_type"] == "linear":
+        return (inv / np.float32(rs["factor"])).astype(np.float32)
+    # llama3
+    factor = float(rs["factor"])
+    low, high = float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
+    old_ctx = float(rs["original_max_position_embeddings"])
+    low_wl, high_wl = old_ctx / low, old_ctx / high
+    wavelen = 2 * math.pi / inv
+    scaled = np.where(wavelen > low_wl, inv / factor, inv)
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wl) & ~(wavelen > low_wl)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
+    """``cos, sin`` of shape ``[B, T, D]`` float32 for integer ``positions`` ``[B, T]`` (HF layout: the D/2
+    frequencies are repeated twice, ``cat(freqs, freqs)``)."""
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None, :]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate ``x`` ``[B, T, n, D]`` by ``cos/sin`` ``[B, T, D]`` (HF ``rotate_half``); computed in float32,
+    returned in ``x.dtype``."""
+    xf = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
+    out = xf * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+    return out.astype(x.dtype)
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """``scale * x / sqrt(mean(x^2) + eps)`` over the last axis; statistics in float32, result in ``x.dtype``
+    (HF ``LlamaRMSNorm``: normalise in fp32, cast back, then multiply by the weight)."""
+    xf = x.astype(jnp.float32)
+    var = jnp.mean(xf * xf, axis=-1, keepdims=True)
+    normed = (xf * jax.lax.rsqrt(var + eps)).astype(x.dtype)
+    return scale.astype(x.dtype) * normed
+
+
+def gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query softmax attention.
+
+    Args:
+        q: ``[B, T, nH, D]`` queries.
+        k, v: ``[B, S, nKV, D]`` keys / values; ``nH % nKV == 0``, query head ``h`` uses kv head ``h // (nH//nKV)``.
+        mask: ``[B, T, S]`` bool, True where query ``t`` may attend to key ``s``.
+
+    Returns:
+        ``[B, T, nH, D]`` in ``q.dtype``. Scores and softmax are float32 with scale ``1/sqrt(D)``; fully masked
+        rows give a uniform average (finite), never NaN.
+    """
+    b, t, nh, d = q.shape
+    nkv = k.shape[2]
+    g = nh // nkv
+    qg = q.reshape(b, t, nkv, g, d)
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
+    scores = scores * (1.0 / math.sqrt(d))
+    scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return out.reshape(b, t, nh, d).astype(q.dtype)
+
+
+# ----------------------------------------------------------------------------------------------- modules
+def _param(rngs: nnx.Rngs | None, shape, names, dtype, init: str) -> nnx.Param:
+    if init == "normal":
+        value = jax.random.normal(rngs.params(), shape, dtype=jnp.float32) * 0.02
+    elif init == "ones":
+        value = jnp.ones(shape, jnp.float32)
+    else:
+        value = jnp.zeros(shape, jnp.float32)
+    return nnx.Param(value.astype(dtype), out_sharding=tuple(names), eager_sharding=False)
+
+
+class RMSNorm(nnx.Module):
+    """RMSNorm with a learned ``scale`` ``[dim]`` (see :func:`rms_norm`)."""
+
+    def __init__(self, dim: int, eps: float, name: str, *, param_dtype):
+        self.eps = float(eps)
+        self.scale = _param(None, (dim,), (name,), param_dtype, "ones")
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return rms_norm(x, self.scale[...], self.eps)
+
+
+class Attention(nnx.Module):
+    """GQA self-attention with RoPE, optional q/k/v bias and optional per-head q/k RMSNorm (Qwen3)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, dtype):
+        h, nh, nkv, d = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.dtype = dtype
+        self.q_proj = _param(rngs, (h, nh, d), ("embed", "heads", "head_dim"), param_dtype, "normal")
+        self.k_proj = _param(rngs, (h, nkv, d), ("embed", "kv_heads", "head_dim"), param_dtype, "normal")
+        self.v_proj = _param(rngs, (h, nkv, d), ("embed", "kv_heads", "head_dim"), param_dtype, "normal")
+        self.o_proj = _param(rngs, (nh, d, h), ("heads", "head_dim", "embed"), param_dtype, "normal")
+        if cfg.attention_bias:
+            self.q_bias = _param(None, (nh, d), ("heads", "head_dim"), param_dtype, "zeros")
+            self.k_bias = _param(None, (nkv, d), ("kv_heads", "head_dim"), param_dtype, "zeros")
+            self.v_bias = _param(None, (nkv, d), ("kv_heads", "head_dim"), param_dtype, "zeros")
+        else:
+            self.q_bias = self.k_bias = self.v_bias = None
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps, "head_dim", param_dtype=param_dtype)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps, "head_dim", param_dtype=param_dtype)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def _proj(self, x, kernel, bias):
+        y = jnp.einsum("bth,hnd->btnd", x, kernel[...].astype(self.dtype))
+        if bias is not None:
+            y = y + bias[...].astype(self.dtype)
+        return y
+
+    def __call__(self, x, cos, sin, mask, k_cache, v_cache, cache_index):
+        """``x`` ``[B, T, H]``; ``mask`` ``[B, T, S]``; ``k_cache/v_cache`` ``[B, S, nKV, D]`` or None.
+
+        Returns ``(out [B, T, H], k_new [B, T, nKV, D], v_new [B, T, nKV, D])`` (new keys post-RoPE)."""
+        q = self._proj(x, self.q_proj, self.q_bias)
+        k = self._proj(x, self.k_proj, self.k_bias)
+        v = self._proj(x, self.v_proj, self.v_bias)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        if k_cache is None:
+            k_all, v_all = k, v
+        else:
+            k = k.astype(k_cache.dtype)
+            v = v.astype(v_cache.dtype)
+            start = (0, cache_index, 0, 0)
+            k_all = jax.lax.dynamic_update_slice(k_cache, k, start).astype(self.dtype)
+            v_all = jax.lax.dynamic_update_slice(v_cache, v, start).astype(self.dtype)
+        out = gqa_attention(q, k_all, v_all, mask)
+        out = jnp.einsum("btnd,ndh->bth", out, self.o_proj[...].astype(self.dtype))
+        return out, k, v
+
+
+class MLP(nnx.Module):
+    """SwiGLU feed-forward: ``down(silu(x @ gate) * (x @ up))``."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, dtype):
+        h, i = cfg.hidden_size, cfg.intermediate_size
+        self.dtype = dtype
+        self.gate_proj = _param(rngs, (h, i), ("embed", "mlp"), param_dtype, "normal")
+        self.up_proj = _param(rngs, (h, i), ("embed", "mlp"), param_dtype, "normal")
+        self.down_proj = _param(rngs, (i, h), ("mlp", "embed"), param_dtype, "normal")
+
+    def __call__(self, x):
+        gate = x @ self.gate_proj[...].astype(self.dtype)
+        up = x @ self.up_proj[...].astype(self.dtype)
+        return (jax.nn.silu(gate) * up) @ self.down_proj[...].astype(self.dtype)
+
+
+class Block(nnx.Module):
+    """Pre-norm decoder block: ``x += attn(norm(x)); x += mlp(norm(x))``."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, dtype):
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "embed", param_dtype=param_dtype)
+        self.self_attn = Attention(cfg, rngs=rngs, param_dtype=param_dtype, dtype=dtype)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "embed", param_dtype=param_dtype)
+        self.mlp = MLP(cfg, rngs=rngs, param_dtype=param_dtype, dtype=dtype)
+
+    def __call__(self, x, cos, sin, mask, k_cache, v_cache, cache_index):
+        h, k_new, v_new = self.self_attn(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache, cache_index)
+        x = x + h
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, k_new, v_new
+
+
+def _call_block(block: Block, x, cos, sin, mask, k_cache, v_cache, cache_index):
+    return block(x, cos, sin, mask, k_cache, v_cache, cache_index)
+
+
+_remat_block = nnx.remat(_call_block)
+
+
+class Decoder(nnx.Module):
+    """Causal language model: token embedding, ``L`` pre-norm blocks, final RMSNorm, LM head (tied or not).
+
+    Args:
+        cfg: architecture.
+        rngs: random streams for initialisation (``rngs.params``); weights ~ N(0, 0.02), norms 1, biases 0.
+        param_dtype: storage dtype of the parameters (e.g. ``jnp.float32`` or ``jnp.bfloat16``).
+        dtype: compute dtype of activations and matmuls; RMSNorm statistics, RoPE, attention softmax and the
+            returned logits are float32 regardless.
+        remat: wrap every block in ``nnx.remat`` (recompute activations in the backward pass).
+    """
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        *,
+        rngs: nnx.Rngs,
+        param_dtype=jnp.float32,
+        dtype=jnp.float32,
+        remat: bool = False,
+    ):
+        if not isinstance(cfg, ModelConfig):
+            raise TypeError(f"cfg must be a ModelConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        self.param_dtype = jnp.dtype(param_dtype)
+        self.dtype = jnp.dtype(dtype)
+        self.remat = bool(remat)
+        self.inv_freq = tuple(float(f) for f in rope_inv_freq(cfg))  # static, hashable
+        self.embed_tokens = _param(
+            rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), self.param_dtype, "normal"
+        )
+        self.layers = nnx.List(
+            [
+                Block(cfg, rngs=rngs, param_dtype=self.param_dtype, dtype=self.dtype)
+                for _ in range(cfg.num_hidden_layers)
+            ]
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "embed", param_dtype=self.param_dtype)
+        if cfg.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = _param(
+                rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), self.param_dtype, "normal"
+            )
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        positions: jax.Array,
+        attention_mask: jax.Array,
+        cache: KVCache | None = None,
+        cache_index: jax.Array | int | None = None,
+        return_hidden: bool = False,
+    ) -> tuple[jax.Array, KVCache | None]:
+        """Run the model on a chunk of ``T`` tokens.
+
+        Args:
+            input_ids: ``[B, T]`` int token ids.
+            positions: ``[B, T]`` int RoPE positions (for a left-padded prompt pass ``cumsum(mask) - 1``).
+            attention_mask: key mask, bool or int (nonzero = real token). Without a cache ``[B, T]``; with a
+                cache ``[B, S]`` where ``S`` is the cache ``max_len`` (covering both cached and new slots).
+            cache: optional :class:`KVCache` ``[L, B, S, nKV, D]``.
+            cache_index: int32 scalar (may be traced): the slot of the first new token; required with ``cache``.
+                Callers must keep ``cache_index + T <= S`` (out-of-range writes are clamped by
+                ``lax.dynamic_update_slice``).
+            return_hidden: return the final-normed hidden states instead of logits.
+
+        Semantics: without a cache, query ``t`` attends to keys ``s <= t`` with ``attention_mask[b, s]``. With a
+        cache, the new keys/values are written to slots ``[cache_index, cache_index + T)`` and query ``t`` (at
+        slot ``cache_index + t``) attends to slots ``s <= cache_index + t`` with ``attention_mask[b, s]``.
+
+        Returns:
+            ``(out, new_cache)``: ``out`` is logits ``[B, T, V]`` float32, or hidden states ``[B, T, H]`` in the
+            compute dtype when ``return_hidden``; ``new_cache`` is the updated cache or None.
+
+        Raises:
+            ValueError: inconsistent shapes, or ``cache`` given without ``cache_index`` (or vice versa).
+        """
+        cfg = self.cfg
+        if input_ids.ndim != 2:
+            raise ValueError(f"input_ids must be [batch, seq]; got shape {input_ids.shape}")
+        b, t = input_ids.shape
+        if positions.shape != (b, t):
+            raise ValueError(f"positions must have shape {(b, t)} like input_ids; got {positions.shape}")
+        if cache is None:
+            if cache_index is not None:
+                raise ValueError("cache_index was given without a cache")
+            if attention_mask.shape != (b, t):
+                raise ValueError(
+                    f"without a cache attention_mask must have shape {(b, t)}; got {attention_mask.shape}"
+                )
+            s = t
+            q_slots = jnp.arange(t, dtype=jnp.int32)
+        else:
+            if cache_index is None:
+                raise ValueError("cache_index is required when a cache is passed")
+            expected = (cfg.num_hidden_layers, b, cache.k.shape[2], cfg.num_key_value_heads, cfg.head_dim)
+            if cache.k.shape != expected or cache.v.shape != expected:
+                raise ValueError(
+                    f"cache k/v must have shape [layers, batch, max_len, kv_heads, head_dim] = {expected}; "
+                    f"got {cache.k.shape} / {cache.v.shape}"
+                )
+            s = cache.k.shape[2]
+            if attention_mask.shape != (b, s):
+                raise ValueError(
+                    f"with a cache attention_mask must have shape [batch, max_len] = {(b, s)}; "
+                    f"got {attention_mask.shape}"
+                )
+            if isinstance(cache_index, (int, np.integer)) and not 0 <= cache_index <= s - t:
+                raise ValueError(f"cache_index {cache_index} out of range: need 0 <= cache_index <= {s - t}")
+            cache_index = jnp.asarray(cache_index, jnp.int32)
+            q_slots = cache_index + jnp.arange(t, dtype=jnp.int32)
+        k_slots = jnp.arange(s, dtype=jnp.int32)
+        mask = (k_slots[None, :] <= q_slots[:, None])[None, :, :] & (attention_mask != 0)[:, None, :]
+
+        cos, sin = rope_cos_sin(positions, np.asarray(self.inv_freq, np.float32))
+        x = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(self.dtype)
+        new_k, new_v = (None, None) if cache is None else (cache.k, cache.v)
+        # Remat only pays off when a backward pass follows; cached decoding never differentiates.
+        call = _remat_block if (self.remat and cache is None) else _call_block
+        for i, block in enumerate(self.layers):
+            k_layer = None if cache is None else cache.k[i]
+            v_layer = None if cache is None else cache.v[i]
+            x, k_chunk, v_chunk = call(block, x, cos, sin, mask, k_layer, v_layer, cache_index)
+            if cache is not None:
+                start = (i, 0, cache_index, 0, 0)
+                new_k = jax.lax.dynamic_update_slice(new_k, k_chunk[None].astype(new_k.dtype), start)
+                new_v = jax.lax.dynamic_update_slice(new_v, v_chunk[None].astype(new_v.dtype), start)
+        x = self.norm(x)
+        new_cache = None if cache is None else KVCache(new_k, new_v)
+        if return_hidden:
+            return x, new_cache
+        if self.lm_head is None:
+            logits = jnp.einsum(
+                "bth,vh->btv", x, self.embed_tokens[...].astype(self.dtype), preferred_element_type=jnp.float32
+            )
+        else:
+            logits = jnp.einsum(
+                "bth,hv->btv", x, self.lm_head[...].astype(self.dtype), preferred_element_type=jnp.float32
+            )
+        return logits.astype(jnp.float32), new_cache

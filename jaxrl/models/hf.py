@@ -1,0 +1,255 @@
+"""Hugging Face checkpoint import/export for :class:`~jaxrl.models.decoder.Decoder`.
+
+Tensors use Hugging Face names and torch layouts (``nn.Linear.weight`` is ``[out, in]``), e.g.
+``model.layers.0.self_attn.q_proj.weight`` ``[nH*D, H]``. The mapping to the Decoder's layouts (documented in
+``decoder.py``) is a pure transpose/reshape, so ``to_hf_tensors(from_hf_tensors(cfg, t))`` reproduces ``t``
+exactly (float32) or bit-exactly in the stored dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl.models.config import ModelConfig
+from jaxrl.models.decoder import Decoder
+
+# Present in some older checkpoints; carry no learned information.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+# ----------------------------------------------------------------------------------------------- reading
+def load_hf_dir(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray]]:
+    """Read a Hugging Face model directory.
+
+    Args:
+        path: directory holding ``config.json`` and either ``model.safetensors`` or a sharded
+            ``model.safetensors.index.json`` (+ its shard files).
+
+    Returns:
+        ``(config_dict, tensors)``: the parsed ``config.json`` and ``{hf_name: np.ndarray}`` in the stored dtype
+        (bfloat16 arrives as ``ml_dtypes.bfloat16``).
+
+    Raises:
+        FileNotFoundError: the directory, ``config.json``, the weights or a shard listed in the index is missing
+            (the message names the directory and the missing file).
+    """
+    from safetensors.numpy import load_file
+
+    d = Path(path)
+    if not d.is_dir():
+        raise FileNotFoundError(f"model directory {str(d)!r} does not exist or is not a directory")
+    cfg_path = d / "config.json"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"model directory {str(d)!r} has no config.json")
+    with open(cfg_path, encoding="utf-8") as f:
+        config = json.load(f)
+    single = d / "model.safetensors"
+    index = d / "model.safetensors.index.json"
+    tensors: dict[str, np.ndarray] = {}
+    if single.is_file():
+        tensors.update(load_file(str(single)))
+    elif index.is_file():
+        with open(index, encoding="utf-8") as f:
+            weight_map: dict[str, str] = json.load(f)["weight_map"]
+        for shard in sorted(set(weight_map.values())):
+            shard_path = d / shard
+            if not shard_path.is_file():
+                raise FileNotFoundError(
+                    f"model directory {str(d)!r} is missing shard {shard!r} listed in model.safetensors.index.json"
+                )
+            tensors.update(load_file(str(shard_path)))
+        absent = sorted(set(weight_map) - set(tensors))
+        if absent:
+            raise FileNotFoundError(
+                f"model directory {str(d)!r}: tensors listed in the index are absent from the shards: {absent[:10]}"
+            )
+    else:
+        raise FileNotFoundError(
+            f"model directory {str(d)!r} has neither model.safetensors nor model.safetensors.index.json"
+        )
+    return config, tensors
+
+
+# ----------------------------------------------------------------------------------------------- mapping
+# Each entry: (hf_name, module path, hf->jax transform, jax->hf transform, expected HF shape).
+_Entry = tuple[str, tuple, Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray], tuple]
+
+
+def _identity(a: np.ndarray) -> np.ndarray:
+    return a
+
+
+def _entries(cfg: ModelConfig) -> Iterator[_Entry]:
+    h, i, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    nh, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+
+    def t(a):
+        return np.ascontiguousarray(a.T)
+
+    def in_proj(n):  # HF [n*d, h] <-> ours [h, n, d]
+        return (
+            lambda a: np.ascontiguousarray(a.T.reshape(h, n, d)),
+            lambda a: np.ascontiguousarray(a.reshape(h, n * d).T),
+        )
+
+    def bias(n):  # HF [n*d] <-> ours [n, d]
+        return (lambda a: a.reshape(n, d), lambda a: a.reshape(n * d))
+
+    o_fwd = lambda a: np.ascontiguousarray(a.T.reshape(nh, d, h))  # noqa: E731  HF [h, nh*d] -> [nh, d, h]
+    o_bwd = lambda a: np.ascontiguousarray(a.reshape(nh * d, h).T)  # noqa: E731
+
+    yield ("model.embed_tokens.weight", ("embed_tokens",), _identity, _identity, (v, h))
+    for li in range(cfg.num_hidden_layers):
+        p = f"model.layers.{li}."
+        L = ("layers", li)
+        yield (p + "input_layernorm.weight", L + ("input_layernorm", "scale"), _identity, _identity, (h,))
+        yield (
+            p + "post_attention_layernorm.weight",
+            L + ("post_attention_layernorm", "scale"),
+            _identity,
+            _identity,
+            (h,),
+        )
+        a = p + "self_attn."
+        A = L + ("self_attn",)
+        for name, n in (("q", nh), ("k", nkv), ("v", nkv)):
+            fwd, bwd = in_proj(n)
+            yield (a + f"{name}_proj.weight", A + (f"{name}_proj",), fwd, bwd, (n * d, h))
+            if cfg.attention_bias:
+                bf, bb = bias(n)
+                yield (a + f"{name}_proj.bias", A + (f"{name}_bias",), bf, bb, (n * d,))
+        yield (a + "o_proj.weight", A + ("o_proj",), o_fwd, o_bwd, (h, nh * d))
+        if cfg.qk_norm:
+            yield (a + "q_norm.weight", A + ("q_norm", "scale"), _identity, _identity, (d,))
+            yield (a + "k_norm.weight", A + ("k_norm", "scale"), _identity, _identity, (d,))
+        m = p + "mlp."
+        M = L + ("mlp",)
+        yield (m + "gate_proj.weight", M + ("gate_proj",), t, t, (i, h))
+        yield (m + "up_proj.weight", M + ("up_proj",), t, t, (i, h))
+        yield (m + "down_proj.weight", M + ("down_proj",), t, t, (h, i))
+    yield ("model.norm.weight", ("norm", "scale"), _identity, _identity, (h,))
+    if not cfg.tie_word_embeddings:
+        yield ("lm_head.weight", ("lm_head",), t, t, (v, h))
+
+
+def _get_variable(model: Decoder, path: tuple) -> nnx.Variable:
+    obj: Any = model
+    for key in path:
+        obj = obj[key] if isinstance(key, int) else getattr(obj, key)
+    if not isinstance(obj, nnx.Variable):
+        raise TypeError(f"internal error: {path} is {type(obj).__name__}, not an nnx.Variable")
+    return obj
+
+
+def _allowed_extra(cfg: ModelConfig, name: str) -> bool:
+    if name.endswith(_IGNORED_SUFFIXES):
+        return True
+    # Tied checkpoints sometimes also store the (identical) lm_head.
+    return cfg.tie_word_embeddings and name == "lm_head.weight"
+
+
+def from_hf_tensors(
+    cfg: ModelConfig,
+    tensors: dict[str, np.ndarray],
+    *,
+    param_dtype=jnp.float32,
+    dtype=jnp.float32,
+    remat: bool = False,
+) -> Decoder:
+    """Build a :class:`Decoder` holding ``tensors`` (HF names, torch layouts), cast to ``param_dtype``.
+
+    The model skeleton is created abstractly (``nnx.eval_shape``), so no random initialisation is computed.
+
+    Raises:
+        ValueError: listing every missing tensor, unexpected tensor and tensor with a wrong shape (with the
+            expected shape). When ``cfg.tie_word_embeddings``, ``lm_head.weight`` may be absent, or present and
+            equal to ``model.embed_tokens.weight`` (a differing one is reported as unexpected).
+    """
+    entries = list(_entries(cfg))
+    expected_names = {e[0] for e in entries}
+    missing = [e[0] for e in entries if e[0] not in tensors]
+    unexpected = sorted(n for n in tensors if n not in expected_names and not _allowed_extra(cfg, n))
+    wrong = [
+        f"{e[0]}: expected {e[4]}, got {tuple(np.shape(tensors[e[0]]))}"
+        for e in entries
+        if e[0] in tensors and tuple(np.shape(tensors[e[0]])) != e[4]
+    ]
+    if (
+        cfg.tie_word_embeddings
+        and "lm_head.weight" in tensors
+        and "model.embed_tokens.weight" in tensors
+        and not np.array_equal(np.asarray(tensors["lm_head.weight"]), np.asarray(tensors["model.embed_tokens.weight"]))
+    ):
+        unexpected.append("lm_head.weight (differs from model.embed_tokens.weight but tie_word_embeddings=True)")
+    if missing or unexpected or wrong:
+        parts = []
+        if missing:
+            parts.append(f"missing tensors: {missing}")
+        if unexpected:
+            parts.append(f"unexpected tensors: {unexpected}")
+        if wrong:
+            parts.append(f"wrong shapes: {wrong}")
+        raise ValueError(f"checkpoint does not match the {cfg.model_type} config: " + "; ".join(parts))
+
+    model = nnx.eval_shape(
+        lambda: Decoder(cfg, rngs=nnx.Rngs(0), param_dtype=param_dtype, dtype=dtype, remat=remat)
+    )
+    target = jnp.dtype(param_dtype)
+    for name, path, fwd, _, _ in entries:
+        arr = fwd(np.asarray(tensors[name]))
+        var = _get_variable(model, path)
+        if tuple(var.shape) != arr.shape:
+            raise ValueError(f"internal layout error for {name}: {arr.shape} vs parameter {tuple(var.shape)}")
+        var.set_value(jnp.asarray(arr, dtype=target))
+    return model
+
+
+def to_hf_tensors(model: Decoder) -> dict[str, np.ndarray]:
+    """Export ``model`` as ``{hf_name: np.ndarray}`` in HF names/torch layouts and the parameter dtype.
+
+    Exact inverse of :func:`from_hf_tensors` (a tied model has no ``lm_head.weight``).
+    """
+    out: dict[str, np.ndarray] = {}
+    for name, path, _, bwd, shape in _entries(model.cfg):
+        arr = bwd(np.asarray(jax.device_get(_get_variable(model, path).get_value())))
+        assert arr.shape == shape, (name, arr.shape, shape)
+        out[name] = arr
+    return out
+
+
+def save_hf(model: Decoder, cfg: ModelConfig, out_dir: str | os.PathLike, tokenizer=None) -> None:
+    """Write ``config.json`` + ``model.safetensors`` (+ ``tokenizer.save_pretrained``) to ``out_dir``.
+
+    The result loads with ``transformers.AutoModelForCausalLM.from_pretrained(out_dir)``. Tensors are saved in
+    the model's parameter dtype, which is also recorded as ``torch_dtype``/``dtype`` in the config.
+
+    Raises:
+        ValueError: ``cfg`` differs from ``model.cfg``.
+    """
+    from safetensors.numpy import save_file
+
+    if cfg != model.cfg:
+        raise ValueError(f"cfg does not match the model's config:\n  given {cfg}\n  model {model.cfg}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = to_hf_tensors(model)
+    dtype_name = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}.get(
+        jnp.dtype(model.param_dtype).name, "float32"
+    )
+    config = cfg.to_hf_config()
+    config["torch_dtype"] = dtype_name
+    config["dtype"] = dtype_name
+    with open(out / "config.json", "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(out))
