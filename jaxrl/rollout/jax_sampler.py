@@ -1,0 +1,387 @@
+"""The embedded JAX rollout engine (``actor_rollout_ref.rollout.name=jax``).
+
+Generation is two jitted programs per shape bucket:
+
+* **prefill** ``[B, P]``: left-padded prompts (``positions = cumsum(mask) - 1``) are run once through
+  the decoder (hidden states only, no ``[B, P, V]`` logits), filling slots ``[0, P-1)`` of a KV cache
+  of length ``P + R - 1`` with every prompt token but the last.
+* **decode**: one ``jax.lax.while_loop`` over at most ``R`` steps inside one jit; step ``t`` feeds
+  the last prompt token (``t = 0``) or the previous sample at cache slot ``P - 1 + t``, samples token
+  ``t``, and the loop stops early once every row has emitted an eos/stop token. Finished rows keep
+  running (static shapes) but their outputs are masked to the pad id / log-prob 0.
+
+Shapes are bucketed so a handful of programs compile: the prompt width ``P`` is rounded up to a
+multiple of ``prompt_length_bucket`` (capped at ``max_prompt_length``), the batch to a power of two
+(capped at ``max_batch_size``), and the stop-id list to a power of two >= 8. ``R`` is
+``max_new_tokens`` exactly (one program per distinct value). Sampling controls (temperature, top-k,
+top-p, greedy, seed) are traced scalars and never recompile.
+
+Randomness: the key of row ``r`` at step ``t`` is ``fold_in(fold_in(key(seed), r), t)`` where ``r``
+is the row's global index in the call (``prompt_index * n + j``). A row's random stream thus
+depends only on (seed, row index, step): not on batch chunking (``max_batch_size``), batch
+bucketing, prompt-width bucketing, or the lengths of the other prompts in the call. What is *not*
+guaranteed: bitwise-equal logits across different padded shapes (XLA may pick other reduction
+orders for other ``[B, P]``), so a near-tie between two tokens can in rare cases resolve
+differently when the same prompt is generated in a differently shaped batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl.models.config import ModelConfig
+from jaxrl.models.decoder import init_cache
+from jaxrl.rollout.base import RolloutOutput, SamplingParams
+from jaxrl.rollout.sampling import select_tokens
+
+__all__ = ["JaxSampler"]
+
+_MIN_STOP_SLOTS = 8
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def _leaf_signature(params) -> dict[str, tuple[tuple[int, ...], str]]:
+    """``{path: (shape, dtype)}`` of every array leaf of a pytree (e.g. an ``nnx.State``)."""
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    return {
+        jax.tree_util.keystr(path): (tuple(np.shape(leaf)), str(getattr(leaf, "dtype", None) or np.asarray(leaf).dtype))
+        for path, leaf in leaves
+    }
+
+
+def _cache_mask(prompt_mask: jax.Array, max_new_tokens: int) -> jax.Array:
+    """Key mask over the cache slots [B, P + R - 1]: the prompt mask, then ones for generated slots."""
+    gen = jnp.ones((prompt_mask.shape[0], max_new_tokens - 1), prompt_mask.dtype)
+    return jnp.concatenate([prompt_mask, gen], axis=1)
+
+
+class JaxSampler:
+    """KV-cached batched sampler over a Flax NNX :class:`~jaxrl.models.decoder.Decoder`.
+
+    Args:
+      model_cfg: the decoder's :class:`ModelConfig` (``bos_token_id`` is used for empty prompts,
+        ``vocab_size`` to validate ids, layer/head sizes for the cache).
+      graphdef, params: ``nnx.split(model)``; the model is rebuilt with ``nnx.merge`` inside jit.
+      pad_token_id: id written into padding (prompt left padding, response right padding); in
+        ``[0, vocab_size)``.
+      eos_token_ids: ids that end a response (non-empty is usual; may be empty).
+      max_prompt_length: longest accepted prompt, in tokens (>= 1).
+      prompt_length_bucket: prompt widths are padded up to a multiple of this (>= 1), capped at
+        ``max_prompt_length``.
+      max_batch_size: rows per generated chunk (>= 1); ``None`` = all rows in one chunk.
+      cache_dtype: dtype of the KV cache.
+
+    Raises:
+      ValueError: an argument is out of range (the message names it).
+    """
+
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        graphdef,
+        params: nnx.State,
+        *,
+        pad_token_id: int,
+        eos_token_ids: tuple[int, ...],
+        max_prompt_length: int,
+        prompt_length_bucket: int = 32,
+        max_batch_size: int | None = None,
+        cache_dtype=jnp.float32,
+    ) -> None:
+        vocab = model_cfg.vocab_size
+        if not isinstance(pad_token_id, (int, np.integer)) or not (0 <= pad_token_id < vocab):
+            raise ValueError(f"pad_token_id={pad_token_id!r} must be an int in [0, {vocab})")
+        eos_token_ids = tuple(int(e) for e in eos_token_ids)
+        bad_eos = [e for e in eos_token_ids if not (0 <= e < vocab)]
+        if bad_eos:
+            raise ValueError(f"eos_token_ids {bad_eos} are outside the vocabulary [0, {vocab})")
+        if not isinstance(max_prompt_length, int) or max_prompt_length < 1:
+            raise ValueError(f"max_prompt_length={max_prompt_length!r} must be an int >= 1")
+        if not isinstance(prompt_length_bucket, int) or prompt_length_bucket < 1:
+            raise ValueError(f"prompt_length_bucket={prompt_length_bucket!r} must be an int >= 1")
+        if max_batch_size is not None and (not isinstance(max_batch_size, int) or max_batch_size < 1):
+            raise ValueError(f"max_batch_size={max_batch_size!r} must be None or an int >= 1")
+
+        self.model_cfg = model_cfg
+        self.pad_token_id = int(pad_token_id)
+        self.eos_token_ids = eos_token_ids
+        self.max_prompt_length = max_prompt_length
+        self.prompt_length_bucket = prompt_length_bucket
+        self.max_batch_size = max_batch_size
+        self.cache_dtype = cache_dtype
+        self._graphdef = graphdef
+        self._params = jax.tree.map(jnp.asarray, params)
+        self._signature = _leaf_signature(self._params)
+        self._num_traces = 0
+        self.last_decode_steps = 0  # decode-loop steps of the last generate() (max over chunks)
+        self._prefill = jax.jit(self._prefill_impl, static_argnames=("max_new_tokens",))
+        self._decode = jax.jit(self._decode_impl, donate_argnames=("cache",))
+
+    @classmethod
+    def from_model(cls, model: nnx.Module, model_cfg: ModelConfig, **kwargs) -> "JaxSampler":
+        """Build from a live NNX model: ``graphdef, params = nnx.split(model)``; kwargs as ``__init__``."""
+        graphdef, params = nnx.split(model)
+        return cls(model_cfg, graphdef, params, **kwargs)
+
+    # ------------------------------------------------------------------ weights
+    @property
+    def params(self) -> nnx.State:
+        """The current weights (the state passed to the last :meth:`update_weights`)."""
+        return self._params
+
+    @property
+    def num_compiles(self) -> int:
+        """How many programs (prefill + decode) have been traced and compiled so far."""
+        return self._num_traces
+
+    def update_weights(self, params: nnx.State) -> None:
+        """Replace the weights used by later :meth:`generate` calls (no recompilation).
+
+        Args:
+          params: a state with exactly the same tree structure, leaf shapes and dtypes as the
+            current one (e.g. the trainer's updated ``nnx.state(model)`` after layout translation).
+        Raises:
+          ValueError: names the missing/extra leaf paths, or the first leaves whose shape or dtype differ.
+        """
+        sig = _leaf_signature(params)
+        missing = sorted(set(self._signature) - set(sig))
+        extra = sorted(set(sig) - set(self._signature))
+        if missing or extra:
+            raise ValueError(
+                f"update_weights: parameter tree differs from the sampler's; missing {missing[:5]}"
+                f"{' ...' if len(missing) > 5 else ''}, unexpected {extra[:5]}{' ...' if len(extra) > 5 else ''}"
+            )
+        diffs = [
+            f"{p}: expected {self._signature[p]}, got {sig[p]}" for p in sorted(sig) if sig[p] != self._signature[p]
+        ]
+        if diffs:
+            raise ValueError(
+                "update_weights: leaf shape/dtype mismatch (expected (shape, dtype)): " + "; ".join(diffs[:5])
+                + (f" ... and {len(diffs) - 5} more" if len(diffs) > 5 else "")
+            )
+        new = jax.tree.map(jnp.asarray, params)
+        if jax.tree_util.tree_structure(new) != jax.tree_util.tree_structure(self._params):
+            raise ValueError(
+                "update_weights: parameter tree structure (node types/metadata) differs from the sampler's: "
+                f"{jax.tree_util.tree_structure(new)} vs {jax.tree_util.tree_structure(self._params)}"
+            )
+        self._params = new
+
+    # ------------------------------------------------------------------ jitted programs
+    def _prefill_impl(self, params, input_ids, prompt_mask, *, max_new_tokens: int):
+        """Fill the KV cache with every prompt token but the last.
+
+        Args: input_ids/prompt_mask int32 [B, P] (left-padded).
+        Returns: KVCache [L, B, P + R - 1, nKV, D]; slots [0, P-1) hold the prompt (all but its last
+        token, which the decode loop feeds first, so prefill never materialises [B, P, V] logits).
+        """
+        self._num_traces += 1
+        batch, width = input_ids.shape
+        cache = init_cache(self.model_cfg, batch, width + max_new_tokens - 1, self.cache_dtype)
+        if width == 1:
+            return cache
+        model = nnx.merge(self._graphdef, params)
+        positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=-1) - 1, 0).astype(jnp.int32)
+        attn = _cache_mask(prompt_mask, max_new_tokens)
+        _, cache = model(
+            input_ids[:, :-1], positions[:, :-1], attn, cache=cache, cache_index=jnp.int32(0), return_hidden=True
+        )
+        return cache
+
+    def _decode_impl(self, params, cache, input_ids, prompt_mask, row_ids, row_valid, stop_ids, controls):
+        """Sample up to R tokens (R = cache length - P + 1), one while_loop step per token.
+
+        Step t feeds token ``x_t`` (t = 0: the last prompt token; then the previous sample) at cache
+        slot ``P - 1 + t`` and RoPE position ``prompt_len - 1 + t``, and samples token t.
+
+        Args (all arrays): cache from prefill; input_ids/prompt_mask int32 [B, P]; row_ids int32 [B]
+          (global row index, for PRNG); row_valid bool [B] (False = batch-bucket filler row, counted
+          as finished from the start so it never delays the early exit); stop_ids int32 [S] (-1 =
+          unused slot); controls: dict of
+          scalars seed (uint32), temperature, top_k, top_p (float32/int32), greedy (bool).
+        Returns:
+          response_ids int32 [B, R], response_mask int32 [B, R], log_probs float32 [B, R], the
+          number of loop steps run (int32 scalar, < R when every row stopped early), and the
+          final cache (returned only so the donated input cache buffer is reused by the loop instead
+          of copied; callers drop it).
+        """
+        self._num_traces += 1
+        batch, width = prompt_mask.shape
+        r = cache.k.shape[2] - width + 1
+        model = nnx.merge(self._graphdef, params)
+        attn = _cache_mask(prompt_mask, r)
+        prompt_len = prompt_mask.sum(axis=-1).astype(jnp.int32)
+        pad = jnp.int32(self.pad_token_id)
+
+        base = jax.random.key(controls["seed"])
+        row_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(base, row_ids)
+
+        def cond(state):
+            t, _, _, done, *_ = state
+            return (t < r) & ~jnp.all(done)
+
+        def body(state):
+            t, prev, cache, done, ids, logp, mask = state
+            logits, cache = model(
+                prev[:, None], (prompt_len - 1 + t)[:, None], attn, cache=cache, cache_index=width - 1 + t
+            )
+            keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, t)
+            tok, lp = select_tokens(
+                logits[:, 0],
+                keys,
+                temperature=controls["temperature"],
+                top_k=controls["top_k"],
+                top_p=controls["top_p"],
+                greedy=controls["greedy"],
+            )
+            alive = ~done
+            tok = jnp.where(alive, tok, pad)
+            ids = jax.lax.dynamic_update_slice_in_dim(ids, tok[:, None], t, axis=1)
+            logp = jax.lax.dynamic_update_slice_in_dim(logp, jnp.where(alive, lp, 0.0)[:, None], t, axis=1)
+            mask = jax.lax.dynamic_update_slice_in_dim(mask, alive.astype(jnp.int32)[:, None], t, axis=1)
+            stopped = jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)
+            return t + 1, tok, cache, done | (alive & stopped), ids, logp, mask
+
+        state = (
+            jnp.int32(0),
+            input_ids[:, -1],
+            cache,
+            ~row_valid,
+            jnp.full((batch, r), pad, jnp.int32),
+            jnp.zeros((batch, r), jnp.float32),
+            jnp.zeros((batch, r), jnp.int32),
+        )
+        steps, _, cache, _, ids, logp, mask = jax.lax.while_loop(cond, body, state)
+        return ids, mask, logp, steps, cache
+
+    # ------------------------------------------------------------------ host side
+    def _prompt_width(self, longest: int) -> int:
+        b = self.prompt_length_bucket
+        return min(max(1, math.ceil(longest / b)) * b, self.max_prompt_length)
+
+    def _batch_bucket(self, rows: int) -> int:
+        size = _next_pow2(rows)
+        return min(size, self.max_batch_size) if self.max_batch_size else size
+
+    def _check_prompts(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+            raise ValueError(f"prompts must be a list of token-id lists; got {type(prompts).__name__}")
+        if len(prompts) == 0:
+            raise ValueError("prompts is empty; pass at least one token-id list")
+        vocab = self.model_cfg.vocab_size
+        bos = self.model_cfg.bos_token_id
+        out = []
+        for i, p in enumerate(prompts):
+            if isinstance(p, (str, bytes)):
+                raise ValueError(f"prompt {i} is a string; tokenize it first (expected a list of token ids)")
+            arr = np.asarray(p) if len(p) else np.zeros((0,), np.int64)
+            if arr.ndim != 1 or arr.dtype.kind not in "iu":
+                raise ValueError(f"prompt {i} must be a flat list of int token ids; got {p!r:.80}")
+            ids = arr.tolist()
+            if not ids:
+                if bos is None:
+                    raise ValueError(f"prompt {i} is empty and the model has no bos_token_id to start from")
+                ids = [int(bos)]
+            if len(ids) > self.max_prompt_length:
+                raise ValueError(
+                    f"prompt {i} has {len(ids)} tokens, more than max_prompt_length={self.max_prompt_length}"
+                )
+            bad = [t for t in ids if not (0 <= t < vocab)]
+            if bad:
+                raise ValueError(f"prompt {i} has token ids {bad[:5]} outside the vocabulary [0, {vocab})")
+            out.append(ids)
+        return out
+
+    def _stop_array(self, extra: tuple[int, ...]) -> np.ndarray:
+        stops = sorted(set(self.eos_token_ids) | set(extra))
+        size = max(_MIN_STOP_SLOTS, _next_pow2(len(stops)))
+        arr = np.full((size,), -1, np.int32)
+        arr[: len(stops)] = stops
+        return arr
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, *, rng_seed: int | None = None
+    ) -> RolloutOutput:
+        """Sample ``params.n`` responses for each token-id prompt.
+
+        Args:
+          prompts: token-id lists, each of length 0..max_prompt_length. An empty prompt stands for
+            ``[bos_token_id]`` (allowed only when the model config has a bos id).
+          params: :class:`SamplingParams`.
+          rng_seed: overrides ``params.seed`` (the trainer passes one per step); in [0, 2**32).
+        Returns:
+          :class:`RolloutOutput` with N = len(prompts) * n rows, P = bucketed prompt width,
+          R = ``params.max_new_tokens``.
+        Raises:
+          ValueError: empty prompt list, an overlong prompt (names its index and lengths), an
+            out-of-vocabulary id, an empty prompt without a bos id, or a bad ``rng_seed``.
+        """
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        seed = params.seed if rng_seed is None else rng_seed
+        if not isinstance(seed, (int, np.integer)) or not (0 <= int(seed) < 2**32):
+            raise ValueError(f"rng_seed={rng_seed!r} must be an int in [0, 2**32)")
+        prompts = self._check_prompts(prompts)
+        n, r = params.n, params.max_new_tokens
+        width = self._prompt_width(max(len(p) for p in prompts))
+
+        rows = len(prompts) * n
+        prompt_ids = np.full((rows, width), self.pad_token_id, np.int32)
+        prompt_mask = np.zeros((rows, width), np.int32)
+        prompt_index = np.repeat(np.arange(len(prompts), dtype=np.int32), n)
+        for i, p in enumerate(prompts):
+            prompt_ids[i * n : (i + 1) * n, width - len(p) :] = p
+            prompt_mask[i * n : (i + 1) * n, width - len(p) :] = 1
+
+        greedy = params.greedy
+        controls = {
+            "seed": jnp.uint32(int(seed)),
+            "temperature": jnp.float32(1.0 if greedy else params.temperature),
+            "top_k": jnp.int32(params.top_k),
+            "top_p": jnp.float32(params.top_p),
+            "greedy": jnp.bool_(greedy),
+        }
+        stop_ids = jnp.asarray(self._stop_array(params.stop_token_ids))
+
+        chunk = self.max_batch_size or rows
+        self.last_decode_steps = 0
+        out_ids, out_mask, out_logp = [], [], []
+        for start in range(0, rows, chunk):
+            stop = min(start + chunk, rows)
+            m = stop - start
+            bsz = self._batch_bucket(m)
+            ids_c = np.full((bsz, width), self.pad_token_id, np.int32)
+            mask_c = np.zeros((bsz, width), np.int32)
+            ids_c[:m], mask_c[:m] = prompt_ids[start:stop], prompt_mask[start:stop]
+            mask_c[m:, -1] = 1  # filler rows: one pad token, so no row attends to nothing
+            row_ids = np.arange(start, start + bsz, dtype=np.int32)
+            row_valid = np.arange(bsz) < m
+            ids_c, mask_c = jnp.asarray(ids_c), jnp.asarray(mask_c)
+            cache = self._prefill(self._params, ids_c, mask_c, max_new_tokens=r)
+            ids, mask, logp, steps, cache = self._decode(
+                self._params, cache, ids_c, mask_c, row_ids, row_valid, stop_ids, controls
+            )
+            del cache
+            ids, mask, logp, steps = jax.device_get((ids, mask, logp, steps))
+            self.last_decode_steps = max(self.last_decode_steps, int(steps))
+            out_ids.append(ids[:m])
+            out_mask.append(mask[:m])
+            out_logp.append(logp[:m])
+
+        return RolloutOutput(
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            response_ids=np.concatenate(out_ids).astype(np.int32),
+            response_mask=np.concatenate(out_mask).astype(np.int32),
+            rollout_log_probs=np.concatenate(out_logp).astype(np.float32),
+            prompt_index=prompt_index,
+        )

@@ -1,0 +1,434 @@
+"""Tests of the embedded JAX sampler (jaxrl.rollout) against independent references.
+
+Most tests share one tiny random fp32 Decoder and one sampler whose calls all land in the same
+shape bucket (P=16, B=4, R=8), so only a few programs compile.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl.models.config import ModelConfig
+from jaxrl.models.decoder import Decoder
+from jaxrl.rollout import JaxSampler, RolloutEngine, RolloutOutput, SamplingParams
+from jaxrl.rollout import sampling
+
+PAD, BOS, EOS = 0, 1, 2
+R = 8
+# Lengths 9..16 all bucket to P=16 (bucket 8, max 16); 3-4 rows bucket to B=4.
+PROMPTS = [
+    [BOS, 5, 6, 7, 8, 9, 10, 11, 12, 13],
+    [BOS, 40, 41],
+    [BOS, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30],
+]
+
+
+def _cfg(**kw) -> ModelConfig:
+    base = dict(
+        model_type="llama",
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        bos_token_id=BOS,
+        eos_token_id=(EOS,),
+        pad_token_id=PAD,
+    )
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def _sharpen(state, scale: float = 8.0):
+    """Scale matrices so the random model's next-token distributions are peaked (fewer near-ties)."""
+    return jax.tree.map(lambda x: x * scale if x.ndim >= 2 else x, state)
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return _cfg()
+
+
+@pytest.fixture(scope="module")
+def model(cfg):
+    m = Decoder(cfg, rngs=nnx.Rngs(0))
+    nnx.update(m, _sharpen(nnx.state(m)))
+    return m
+
+
+@pytest.fixture(scope="module")
+def ref(model):
+    return make_reference(model)
+
+
+@pytest.fixture(scope="module")
+def sampler(cfg, model):
+    return JaxSampler.from_model(
+        model, cfg, pad_token_id=PAD, eos_token_ids=(EOS,), max_prompt_length=16, prompt_length_bucket=8
+    )
+
+
+REF_LEN = 32
+
+
+def make_reference(model):
+    """Return ``logits(seq) -> float32 [len(seq), V]``: one plain forward pass, no KV cache, no left
+    padding, positions ``0..len-1`` (the independent reference). The sequence is right-padded to a
+    fixed length so one jitted program serves every length; causal attention makes the right
+    padding invisible to earlier positions."""
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def fwd(st, ids):
+        pos = jnp.arange(REF_LEN, dtype=jnp.int32)[None]
+        return nnx.merge(graphdef, st)(ids, pos, jnp.ones_like(ids))[0]
+
+    def logits(seq):
+        assert len(seq) <= REF_LEN
+        ids = np.full((1, REF_LEN), PAD, np.int32)
+        ids[0, : len(seq)] = seq
+        return np.asarray(fwd(state, ids)[0, : len(seq)])
+
+    return logits
+
+
+def naive_greedy(ref, prompt: list[int], steps: int, stop=(EOS,)) -> list[int]:
+    """Greedy decoding by recomputing the full forward pass each step (no KV cache)."""
+    seq, out = list(prompt), []
+    for _ in range(steps):
+        tok = int(np.argmax(ref(seq)[-1]))
+        out.append(tok)
+        seq.append(tok)
+        if tok in stop:
+            break
+    return out
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+def np_top_k(logits: np.ndarray, k: int) -> np.ndarray:
+    """HF TopKLogitsWarper: remove scores < the k-th largest."""
+    if k <= 0:
+        return logits
+    k = min(k, logits.shape[-1])
+    kth = np.sort(logits, axis=-1)[:, -k][:, None]
+    return np.where(logits < kth, -np.inf, logits)
+
+
+def np_top_p(logits: np.ndarray, p: float) -> np.ndarray:
+    """HF TopPLogitsWarper (min_tokens_to_keep=1), written out in numpy float32."""
+    order = np.argsort(logits, axis=-1, kind="stable")
+    srt = np.take_along_axis(logits, order, axis=-1).astype(np.float32)
+    e = np.exp(srt - srt.max(-1, keepdims=True))
+    probs = (e / e.sum(-1, keepdims=True)).astype(np.float32)
+    remove_sorted = np.cumsum(probs, axis=-1, dtype=np.float32) <= np.float32(1.0 - p)
+    remove_sorted[:, -1] = False
+    remove = np.zeros_like(remove_sorted)
+    np.put_along_axis(remove, order, remove_sorted, axis=-1)
+    return np.where(remove, -np.inf, logits)
+
+
+# ----------------------------------------------------------------------------- API / validation
+def test_protocol_and_output_shapes(sampler):
+    assert isinstance(sampler, RolloutEngine)
+    out = sampler.generate(PROMPTS, SamplingParams(n=1, do_sample=False, max_new_tokens=R))
+    assert isinstance(out, RolloutOutput)
+    n = len(PROMPTS)
+    assert out.prompt_ids.shape == (n, 16) and out.prompt_ids.dtype == np.int32
+    assert out.prompt_mask.shape == (n, 16) and out.prompt_mask.dtype == np.int32
+    assert out.response_ids.shape == (n, R) and out.response_ids.dtype == np.int32
+    assert out.response_mask.shape == (n, R) and out.response_mask.dtype == np.int32
+    assert out.rollout_log_probs.shape == (n, R) and out.rollout_log_probs.dtype == np.float32
+    np.testing.assert_array_equal(out.prompt_index, np.arange(n))
+    for i, p in enumerate(PROMPTS):  # left padding with the pad id
+        np.testing.assert_array_equal(out.prompt_ids[i, 16 - len(p) :], p)
+        assert (out.prompt_ids[i, : 16 - len(p)] == PAD).all()
+        assert out.prompt_mask[i].sum() == len(p) and out.prompt_mask[i, -len(p) :].all()
+    assert out.num_generated_tokens == int(out.response_mask.sum())
+    np.testing.assert_array_equal(out.response_lengths, out.response_mask.sum(-1))
+
+
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        ({"n": 0}, "n"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"stop_token_ids": (-1,)}, "stop_token_ids"),
+        ({"stop_token_ids": ("a",)}, "stop_token_ids"),
+        ({"do_sample": 1}, "do_sample"),
+        ({"seed": -1}, "seed"),
+        ({"seed": 2**32}, "seed"),
+    ],
+)
+def test_sampling_params_validation(kw, field):
+    with pytest.raises(ValueError, match=f"SamplingParams.{field}"):
+        SamplingParams(**kw)
+
+
+def test_sampling_params_defaults_and_list_stop_ids():
+    sp = SamplingParams(stop_token_ids=[5, 6])
+    assert sp.stop_token_ids == (5, 6)
+    assert (sp.n, sp.temperature, sp.top_p, sp.top_k, sp.max_new_tokens, sp.do_sample, sp.seed) == (
+        1, 1.0, 1.0, -1, 64, True, 0
+    )
+    assert not sp.greedy and SamplingParams(do_sample=False).greedy and SamplingParams(temperature=0).greedy
+
+
+def test_bad_prompts_raise(sampler):
+    sp = SamplingParams(do_sample=False, max_new_tokens=R)
+    with pytest.raises(ValueError, match="empty"):
+        sampler.generate([], sp)
+    with pytest.raises(ValueError, match=r"prompt 1 has 17 tokens.*max_prompt_length=16"):
+        sampler.generate([[BOS], [BOS] * 17], sp)
+    with pytest.raises(ValueError, match=r"prompt 0 has token ids \[64\]"):
+        sampler.generate([[BOS, 64]], sp)
+    with pytest.raises(ValueError, match=r"prompt 1 must be a flat list of int"):
+        sampler.generate([[BOS], [BOS, 2.5]], sp)
+
+
+def test_empty_prompt_means_bos(sampler):
+    sp = SamplingParams(do_sample=False, max_new_tokens=R)
+    a = sampler.generate([[], PROMPTS[0], PROMPTS[2]], sp)
+    b = sampler.generate([[BOS], PROMPTS[0], PROMPTS[2]], sp)
+    np.testing.assert_array_equal(a.response_ids, b.response_ids)
+    np.testing.assert_array_equal(a.prompt_ids, b.prompt_ids)
+
+
+def test_empty_prompt_without_bos_raises(model):
+    cfg = _cfg(bos_token_id=None)
+    s = JaxSampler(cfg, *nnx.split(model), pad_token_id=PAD, eos_token_ids=(EOS,), max_prompt_length=4)
+    with pytest.raises(ValueError, match="prompt 0 is empty.*bos"):
+        s.generate([[]], SamplingParams())
+
+
+# ----------------------------------------------------------------------------- greedy correctness
+def test_greedy_kv_cache_equals_full_recompute(sampler, ref):
+    out = sampler.generate(PROMPTS, SamplingParams(do_sample=False, max_new_tokens=R))
+    for i, p in enumerate(PROMPTS):
+        expect = naive_greedy(ref, p, R)
+        got = out.response_token_lists()[i]
+        assert got == expect, f"prompt {i}: kv-cache {got} != recompute {expect}"
+        # Greedy log-probs are under temperature 1.
+        lp = log_softmax(ref(p + expect))
+        want = [lp[len(p) - 1 + t, tok] for t, tok in enumerate(expect)]
+        np.testing.assert_allclose(out.rollout_log_probs[i, : len(expect)], want, atol=1e-5)
+
+
+def test_padding_invariance(sampler):
+    sp = SamplingParams(do_sample=False, max_new_tokens=R)
+    before = sampler.num_compiles
+    alone = sampler.generate([PROMPTS[1]], sp)  # P=8, B=1: a different bucket
+    assert sampler.num_compiles == before + 2  # prefill + decode for the new bucket
+    mixed = sampler.generate([PROMPTS[0], PROMPTS[1], PROMPTS[2]], sp)  # P=16, B=4, padded more
+    np.testing.assert_array_equal(alone.response_ids[0], mixed.response_ids[1])
+    np.testing.assert_array_equal(alone.response_mask[0], mixed.response_mask[1])
+    np.testing.assert_allclose(alone.rollout_log_probs[0], mixed.rollout_log_probs[1], atol=1e-5)
+
+
+def test_stops_at_stop_token_and_masks_after(sampler, ref):
+    expect = naive_greedy(ref, PROMPTS[0], R, stop=())
+    stop_tok = expect[2]
+    first = expect.index(stop_tok)
+    out = sampler.generate(
+        PROMPTS, SamplingParams(do_sample=False, max_new_tokens=R, stop_token_ids=(stop_tok,))
+    )
+    np.testing.assert_array_equal(out.response_ids[0, : first + 1], expect[: first + 1])
+    assert out.response_mask[0].tolist() == [1] * (first + 1) + [0] * (R - first - 1)
+    assert (out.response_ids[0, first + 1 :] == PAD).all()
+    assert (out.rollout_log_probs[0, first + 1 :] == 0).all()
+    assert (out.rollout_log_probs[0, : first + 1] < 0).all()
+    # Other rows stop at their own first occurrence of the stop token (or run to R).
+    for i in (1, 2):
+        full = naive_greedy(ref, PROMPTS[i], R, stop=(stop_tok, EOS))
+        assert out.response_token_lists()[i] == full
+
+
+def test_loop_exits_early_when_all_rows_stop(sampler, ref):
+    # 3 rows in a 4-row bucket: the filler row must not keep the loop running.
+    firsts = tuple(sorted({naive_greedy(ref, p, 1)[0] for p in PROMPTS}))
+    out = sampler.generate(PROMPTS, SamplingParams(do_sample=False, max_new_tokens=R, stop_token_ids=firsts))
+    assert sampler.last_decode_steps == 1
+    assert out.response_lengths.tolist() == [1, 1, 1]
+    assert (out.response_ids[:, 1:] == PAD).all()
+    sampler.generate(PROMPTS, SamplingParams(do_sample=False, max_new_tokens=R))
+    assert sampler.last_decode_steps == max(len(naive_greedy(ref, p, R)) for p in PROMPTS)
+
+
+def test_stops_at_model_eos(cfg, model, ref):
+    expect = naive_greedy(ref, PROMPTS[1], R, stop=())
+    eos = expect[1]
+    s = JaxSampler.from_model(model, cfg, pad_token_id=PAD, eos_token_ids=(eos,), max_prompt_length=16)
+    out = s.generate([PROMPTS[1]], SamplingParams(do_sample=False, max_new_tokens=R))
+    k = expect.index(eos)
+    assert out.response_token_lists()[0] == expect[: k + 1]
+    assert out.response_lengths.tolist() == [k + 1]
+    # every row finished early, so the loop exited early: the tail must still be padding
+    assert (out.response_ids[0, k + 1 :] == PAD).all() and (out.rollout_log_probs[0, k + 1 :] == 0).all()
+
+
+def test_top_k_1_sampling_equals_greedy(sampler):
+    greedy = sampler.generate(PROMPTS, SamplingParams(do_sample=False, max_new_tokens=R))
+    topk1 = sampler.generate(PROMPTS, SamplingParams(temperature=0.7, top_k=1, max_new_tokens=R, seed=3))
+    np.testing.assert_array_equal(greedy.response_ids, topk1.response_ids)
+    np.testing.assert_array_equal(greedy.response_mask, topk1.response_mask)
+    # temperature 0 is greedy too (vLLM convention)
+    t0 = sampler.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=R))
+    np.testing.assert_array_equal(greedy.response_ids, t0.response_ids)
+
+
+# ----------------------------------------------------------------------------- sampling correctness
+def test_sampled_log_probs_match_full_forward(sampler, ref):
+    temp, top_k, top_p = 0.7, 12, 0.9
+    out = sampler.generate(PROMPTS, SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, max_new_tokens=R))
+    for i, p in enumerate(PROMPTS):
+        resp = out.response_token_lists()[i]
+        logits = ref(p + resp)
+        lp = log_softmax(logits / temp)
+        for t, tok in enumerate(resp):
+            row = logits[len(p) - 1 + t][None] / np.float32(temp)
+            kept = np.isfinite(np_top_p(np_top_k(row, top_k), top_p))[0]
+            assert kept[tok], f"prompt {i} step {t}: token {tok} is outside the top-k/top-p set"
+            assert abs(out.rollout_log_probs[i, t] - lp[len(p) - 1 + t, tok]) < 1e-5
+        assert (out.rollout_log_probs[i, len(resp) :] == 0).all()
+
+
+def test_n_samples_differ_and_seed_reproduces(sampler):
+    prompt = [PROMPTS[0]]
+    sp = SamplingParams(n=4, temperature=1.0, max_new_tokens=R, seed=11)
+    a = sampler.generate(prompt, sp)
+    b = sampler.generate(prompt, sp)
+    np.testing.assert_array_equal(a.prompt_index, [0, 0, 0, 0])
+    assert len({tuple(r) for r in a.response_ids.tolist()}) > 1, "n=4 samples are all identical"
+    np.testing.assert_array_equal(a.response_ids, b.response_ids)
+    np.testing.assert_array_equal(a.rollout_log_probs, b.rollout_log_probs)
+    c = sampler.generate(prompt, sp, rng_seed=12)
+    assert not np.array_equal(a.response_ids, c.response_ids)
+
+
+def test_rows_independent_of_chunking(cfg, model, sampler):
+    sp = SamplingParams(n=2, temperature=1.0, max_new_tokens=R, seed=5)
+    whole = sampler.generate(PROMPTS[:2], sp)  # 4 rows in one chunk
+    chunked_sampler = JaxSampler(
+        cfg, *nnx.split(model), pad_token_id=PAD, eos_token_ids=(EOS,), max_prompt_length=16,
+        prompt_length_bucket=8, max_batch_size=2,
+    )
+    chunked = chunked_sampler.generate(PROMPTS[:2], sp)  # two chunks of 2 rows
+    np.testing.assert_array_equal(whole.response_ids, chunked.response_ids)
+    np.testing.assert_allclose(whole.rollout_log_probs, chunked.rollout_log_probs, atol=1e-5)
+
+
+def test_no_recompile_within_bucket(sampler):
+    sampler.generate(PROMPTS, SamplingParams(do_sample=False, max_new_tokens=R))
+    before = sampler.num_compiles
+    # different prompt lengths (9..16 -> P=16), row counts (3..4 -> B=4), sampling controls and seeds
+    sampler.generate([[BOS] * 9, [BOS] * 16, [BOS] * 12], SamplingParams(temperature=0.5, top_p=0.8, max_new_tokens=R))
+    sampler.generate([[BOS, 3] * 6] * 4, SamplingParams(top_k=5, seed=9, max_new_tokens=R, stop_token_ids=(7, 8)))
+    assert sampler.num_compiles == before
+
+
+def test_update_weights(sampler, model, cfg):
+    sp = SamplingParams(do_sample=False, max_new_tokens=R)
+    original = sampler.params
+    base = sampler.generate(PROMPTS, sp)
+    compiles = sampler.num_compiles
+    other = nnx.state(Decoder(cfg, rngs=nnx.Rngs(1)))
+    try:
+        sampler.update_weights(_sharpen(other))
+        new = sampler.generate(PROMPTS, sp)
+        assert not np.array_equal(base.response_ids, new.response_ids)
+        assert sampler.num_compiles == compiles
+    finally:
+        sampler.update_weights(original)
+    np.testing.assert_array_equal(sampler.generate(PROMPTS, sp).response_ids, base.response_ids)
+
+    wrong_shape = nnx.state(Decoder(_cfg(intermediate_size=48), rngs=nnx.Rngs(0)))
+    with pytest.raises(ValueError, match=r"mismatch.*gate_proj.*\(32, 64\).*\(32, 48\)"):
+        sampler.update_weights(wrong_shape)
+    fewer_layers = nnx.state(Decoder(_cfg(num_hidden_layers=1), rngs=nnx.Rngs(0)))
+    with pytest.raises(ValueError, match=r"missing \[.*\['layers'\]\[1\]"):
+        sampler.update_weights(fewer_layers)
+    bf16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), original)
+    with pytest.raises(ValueError, match="bfloat16"):
+        sampler.update_weights(bf16)
+    kept = jax.tree_util.tree_leaves(sampler.params)
+    assert all(a is b for a, b in zip(kept, jax.tree_util.tree_leaves(original), strict=True))
+
+
+# ----------------------------------------------------------------------------- pure functions
+@pytest.mark.parametrize("k", [-1, 0, 1, 5, 50, 100])
+def test_top_k_filter_matches_numpy(k):
+    logits = np.random.default_rng(0).normal(size=(6, 50)).astype(np.float32) * 3
+    got = np.asarray(jax.jit(sampling.top_k_filter)(logits, k))
+    np.testing.assert_array_equal(got, np_top_k(logits, k))
+
+
+@pytest.mark.parametrize("p", [1e-6, 0.1, 0.5, 0.9, 0.99, 1.0])
+def test_top_p_filter_matches_numpy(p):
+    logits = np.random.default_rng(1).normal(size=(6, 50)).astype(np.float32) * 2
+    got = np.asarray(jax.jit(sampling.top_p_filter)(logits, p))
+    np.testing.assert_array_equal(got, np_top_p(logits, p))
+    assert np.isfinite(got).sum(-1).min() >= 1  # at least one token kept
+    if p == 1e-6:
+        np.testing.assert_array_equal(np.isfinite(got).sum(-1), 1)
+
+
+@pytest.mark.parametrize("k,p", [(-1, 1.0), (10, 1.0), (-1, 0.7), (10, 0.7), (3, 0.95)])
+def test_filter_logits_is_top_k_then_top_p(k, p):
+    logits = np.random.default_rng(2).normal(size=(6, 50)).astype(np.float32) * 2
+    got = np.asarray(jax.jit(sampling.filter_logits)(logits, k, p))
+    np.testing.assert_array_equal(got, np_top_p(np_top_k(logits, k), p))
+
+
+def test_select_tokens_samples_filtered_distribution():
+    rng = np.random.default_rng(3)
+    row = rng.normal(size=(1, 20)).astype(np.float32) * 2
+    n, temp, k, p = 4000, 0.8, 6, 0.9
+    logits = jnp.asarray(np.repeat(row, n, axis=0))
+    keys = jax.random.split(jax.random.key(0), n)
+    toks, lps = jax.jit(
+        lambda lg, ks: sampling.select_tokens(lg, ks, temperature=temp, top_k=k, top_p=p, greedy=False)
+    )(logits, keys)
+    toks, lps = np.asarray(toks), np.asarray(lps)
+    filt = np_top_p(np_top_k(row / np.float32(temp), k), p)[0]
+    probs = np.exp(log_softmax(filt[None])[0])
+    assert set(toks.tolist()) <= set(np.flatnonzero(np.isfinite(filt)).tolist())
+    freq = np.bincount(toks, minlength=20) / n
+    np.testing.assert_allclose(freq, probs, atol=0.03)
+    # log-probs are under the untruncated temperature-scaled softmax
+    np.testing.assert_allclose(lps, log_softmax(row / np.float32(temp))[0, toks], atol=1e-5)
+
+    g_toks, g_lps = sampling.select_tokens(logits[:2], keys[:2], temperature=temp, top_k=k, top_p=p, greedy=True)
+    assert np.asarray(g_toks).tolist() == [int(row.argmax())] * 2
+    np.testing.assert_allclose(np.asarray(g_lps), log_softmax(row)[0, row.argmax()], atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- real model
+def test_stories260k_golden_greedy(shared):
+    from jaxrl.models import load_pretrained
+
+    model_dir = shared / "models" / "stories260K"
+    golden = json.loads((model_dir / "greedy_from_bos_256_ids.json").read_text())
+    pre = load_pretrained(str(model_dir))
+    s = JaxSampler.from_model(
+        pre.model, pre.config, pad_token_id=0, eos_token_ids=pre.config.eos_token_id, max_prompt_length=8
+    )
+    out = s.generate([[]], SamplingParams(do_sample=False, max_new_tokens=len(golden) - 1))
+    assert out.prompt_ids[0, out.prompt_mask[0].astype(bool)].tolist() == golden[:1]
+    assert out.response_token_lists()[0] == golden[1:]
