@@ -33,6 +33,8 @@ class RLBatch:
       token_level_scores: float32 ``[N, R]``, the reward function's score on the last response token.
       token_level_rewards: float32 ``[N, R]``, scores minus the in-reward KL penalty (if enabled).
       advantages, returns: float32 ``[N, R]``.
+      values: float32 ``[N, R]``, the critic's values before the update (PPO/GAE); value at response token
+        ``j`` is read from the state before emitting it.
     """
 
     prompt_ids: np.ndarray
@@ -47,6 +49,7 @@ class RLBatch:
     token_level_rewards: np.ndarray | None = None
     advantages: np.ndarray | None = None
     returns: np.ndarray | None = None
+    values: np.ndarray | None = None
 
     @property
     def size(self) -> int:

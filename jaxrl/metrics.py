@@ -104,7 +104,9 @@ class MetricsLogger:
             with open(self.jsonl_path, "a") as f:
                 f.write(json.dumps(record) + "\n")
         if "console" in self.loggers:
-            print(format_console(step, metrics), file=sys.stderr, flush=True)
+            from tqdm import tqdm
+
+            tqdm.write(format_console(step, metrics), file=sys.stderr)  # keeps the progress bar intact
         if self._tb is not None:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)) and math.isfinite(v):

@@ -1,0 +1,432 @@
+"""The single controller: the RL loop, phase by phase.
+
+Read :meth:`Trainer.train_step` top to bottom; it is the whole algorithm::
+
+    gen -> reward -> old_log_prob -> ref -> adv -> update_actor -> sync
+
+Everything it calls is a role (``jaxrl.workers``), a rollout engine (``jaxrl.rollout``), a reward
+manager (``jaxrl.rewards``) or a pure function (``jaxrl.algorithms``). :func:`build` wires them from the
+config; :func:`run_training` is what ``python -m jaxrl.train`` calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from jaxrl.batch import RLBatch
+from jaxrl.metrics import MetricsLogger, batch_metrics, plot_rewards, timed
+
+log = logging.getLogger("jaxrl")
+
+
+@dataclasses.dataclass
+class Components:
+    """Everything a run is made of, built from the config by :func:`build`."""
+
+    cfg: object
+    tokenizer: object
+    model_cfg: object
+    actor: object
+    ref: object | None
+    rollout: object
+    reward: object
+    train_data: object
+    val_rows: list | None
+    logger: MetricsLogger
+    out_dir: Path
+    total_training_steps: int
+
+
+def _sampling_params(rollout_cfg, max_new_tokens: int, *, validation: bool, seed: int):
+    from jaxrl.rollout.base import SamplingParams
+
+    if validation:
+        vk = rollout_cfg.val_kwargs
+        greedy = (not vk.do_sample) or vk.temperature == 0
+        return SamplingParams(
+            n=vk.n, temperature=1.0 if greedy else vk.temperature, top_p=vk.top_p, top_k=vk.top_k,
+            max_new_tokens=max_new_tokens, do_sample=not greedy,
+            stop_token_ids=tuple(rollout_cfg.stop_token_ids or ()), seed=seed,
+        )
+    return SamplingParams(
+        n=rollout_cfg.n, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p, top_k=rollout_cfg.top_k,
+        max_new_tokens=max_new_tokens, do_sample=rollout_cfg.do_sample,
+        stop_token_ids=tuple(rollout_cfg.stop_token_ids or ()), seed=seed,
+    )
+
+
+def _call_with_supported_kwargs(fn, *args, **kwargs):
+    """Call ``fn`` passing only the keyword arguments its signature declares (estimators differ)."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return fn(*args, **kwargs)
+    return fn(*args, **{k: v for k, v in kwargs.items() if k in params})
+
+
+def decode_responses(tokenizer, response_ids: np.ndarray, response_mask: np.ndarray) -> list[str]:
+    """Detokenise the valid part of each response (special tokens such as EOS dropped)."""
+    seqs = [row[m.astype(bool)].tolist() for row, m in zip(response_ids, response_mask)]
+    return tokenizer.batch_decode(seqs, skip_special_tokens=True)
+
+
+def score_responses(reward, rows: list[dict], prompt_index: np.ndarray, texts: list[str]):
+    """Run the reward manager on decoded responses; ``rows[prompt_index[i]]`` is response ``i``'s data row."""
+    rs = [rows[i] for i in prompt_index]
+    return reward.score(
+        [r.get("data_source", "") for r in rs],
+        texts,
+        [(r.get("reward_model") or {}).get("ground_truth") for r in rs],
+        [r.get("extra_info") for r in rs],
+    )
+
+
+def place_scores_on_last_token(scores: np.ndarray, response_mask: np.ndarray) -> np.ndarray:
+    """Token-level scores ``[N, R]``: each sequence score sits on its last valid response token (verl)."""
+    out = np.zeros(response_mask.shape, np.float32)
+    last = np.maximum(response_mask.sum(-1) - 1, 0)
+    has = response_mask.sum(-1) > 0
+    out[np.arange(len(scores))[has], last[has]] = scores[has]
+    return out
+
+
+class Trainer:
+    """Runs GRPO-family training over :class:`Components`."""
+
+    def __init__(self, c: Components):
+        self.c = c
+        cfg = c.cfg
+        self.rollout_cfg = cfg.actor_rollout_ref.rollout
+        self.max_new_tokens = self.rollout_cfg.max_new_tokens or cfg.data.max_response_length
+        self.step = 0
+
+    # -- one RL step -----------------------------------------------------------------------------------------
+
+    def train_step(self) -> dict[str, float]:
+        """One RL step over the next prompt batch; returns its metrics (verl names)."""
+        c, cfg = self.c, self.c.cfg
+        t: dict[str, float] = {}
+        metrics: dict[str, float] = {}
+        with timed("step", t):
+            prompts = c.train_data.next_batch()
+
+            with timed("gen", t):
+                sp = _sampling_params(self.rollout_cfg, self.max_new_tokens, validation=False, seed=self._seed())
+                out = c.rollout.generate(prompts.prompt_ids, sp)
+            batch = RLBatch(
+                prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, response_ids=out.response_ids,
+                response_mask=out.response_mask, group_ids=out.prompt_index, rollout_log_probs=out.rollout_log_probs,
+            )
+
+            with timed("reward", t):
+                texts = decode_responses(c.tokenizer, batch.response_ids, batch.response_mask)
+                rew = score_responses(c.reward, prompts.rows, out.prompt_index, texts)
+                batch.token_level_scores = place_scores_on_last_token(rew.scores, batch.response_mask)
+                metrics["reward/num_errors"] = rew.num_errors
+                metrics["reward/num_timeouts"] = rew.num_timeouts
+
+            with timed("old_log_prob", t):
+                batch.old_log_probs, entropy = c.actor.compute_log_probs(batch)
+                mask = batch.response_mask.astype(bool)
+                metrics["actor/entropy_old"] = float(entropy[mask].mean()) if mask.any() else 0.0
+                gap = np.abs(np.exp(batch.old_log_probs) - np.exp(batch.rollout_log_probs))[mask]
+                metrics["training/rollout_probs_diff_mean"] = float(gap.mean()) if gap.size else 0.0
+                metrics["training/rollout_probs_diff_max"] = float(gap.max()) if gap.size else 0.0
+
+            if c.ref is not None:
+                with timed("ref", t):
+                    batch.ref_log_probs, _ = c.ref.compute_log_probs(batch)
+
+            with timed("adv", t):
+                batch.token_level_rewards = self._apply_kl_in_reward(batch, metrics)
+                batch.advantages, batch.returns = self._advantages(batch)
+
+            with timed("update_actor", t):
+                metrics.update(c.actor.update(batch))
+
+            with timed("sync", t):
+                c.rollout.update_weights(c.actor.params)
+
+        metrics.update(batch_metrics(batch))
+        metrics.update({f"timing_s/{k}": v for k, v in t.items()})
+        n_tokens = int(batch.response_mask.sum() + batch.prompt_mask.sum())
+        metrics["perf/total_num_tokens"] = n_tokens
+        metrics["perf/throughput"] = n_tokens / max(t["step"], 1e-9)
+        metrics["training/epoch"] = c.train_data.epoch
+        return metrics
+
+    def _seed(self) -> int:
+        return int(self.c.cfg.trainer.seed) * 1_000_003 + self.step
+
+    def _apply_kl_in_reward(self, batch: RLBatch, metrics: dict) -> np.ndarray:
+        """``algorithm.use_kl_in_reward``: rewards = scores - kl_coef * KL(old || ref) per token (fixed coef)."""
+        alg = self.c.cfg.algorithm
+        if not alg.use_kl_in_reward:
+            return batch.token_level_scores
+        from jaxrl.algorithms import kl_penalty
+
+        kld = np.asarray(kl_penalty(batch.old_log_probs, batch.ref_log_probs, alg.kl_penalty)) * batch.response_mask
+        beta = alg.kl_ctrl.kl_coef
+        seq_kl = kld.sum(-1) / np.maximum(batch.response_mask.sum(-1), 1)
+        metrics["actor/reward_kl_penalty"] = float(seq_kl.mean())
+        metrics["actor/reward_kl_penalty_coeff"] = beta
+        return (batch.token_level_scores - beta * kld).astype(np.float32)
+
+    def _advantages(self, batch: RLBatch) -> tuple[np.ndarray, np.ndarray]:
+        from jaxrl.algorithms import get_adv_estimator
+
+        alg = self.c.cfg.algorithm
+        fn = get_adv_estimator(alg.adv_estimator)
+        adv, ret = _call_with_supported_kwargs(
+            fn,
+            batch.token_level_rewards,
+            batch.response_mask.astype(np.float32),
+            batch.group_ids.astype(np.int32),
+            norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
+            gamma=alg.gamma,
+            lam=alg.lam,
+        )
+        return np.asarray(adv, np.float32), np.asarray(ret, np.float32)
+
+    # -- validation ------------------------------------------------------------------------------------------
+
+    def validate(self) -> dict[str, float]:
+        """Score the validation set with ``rollout.val_kwargs``; ``val-core/<data_source>/reward/mean@n``."""
+        c, cfg = self.c, self.c.cfg
+        if not c.val_rows:
+            return {}
+        sp = _sampling_params(self.rollout_cfg, self.max_new_tokens, validation=True, seed=self._seed() + 7)
+        bs = cfg.data.val_batch_size or len(c.val_rows)
+        per_source: dict[str, list[float]] = {}
+        samples = []
+        for start in range(0, len(c.val_rows), bs):
+            chunk = c.val_rows[start : start + bs]
+            out = c.rollout.generate([r["prompt_ids"] for r in chunk], sp)
+            texts = decode_responses(c.tokenizer, out.response_ids, out.response_mask)
+            rew = score_responses(c.reward, [r["row"] for r in chunk], out.prompt_index, texts)
+            for i, s in zip(out.prompt_index, rew.scores):
+                per_source.setdefault(chunk[i]["row"].get("data_source", "unknown"), []).append(float(s))
+            samples.extend(zip(texts, rew.scores))
+        n = sp.n
+        metrics = {f"val-core/{ds}/reward/mean@{n}": float(np.mean(v)) for ds, v in per_source.items()}
+        for text, score in samples[: cfg.trainer.log_val_generations]:
+            log.info("val sample (score %.3f): %r", score, text[:300])
+        return metrics
+
+    # -- the loop --------------------------------------------------------------------------------------------
+
+    def fit(self) -> dict[str, float]:
+        """Train for ``total_training_steps``; validate every ``test_freq`` steps and at the end."""
+        from tqdm import tqdm
+
+        c, cfg = self.c, self.c.cfg
+        total = c.total_training_steps
+        test_freq = cfg.trainer.test_freq
+        last: dict[str, float] = {}
+        if cfg.trainer.val_before_train and c.val_rows:
+            with timed("testing", t := {}):
+                val = self.validate()
+            c.logger.log(0, {**val, "timing_s/testing": t["testing"]})
+        bar = tqdm(total=total, desc="jaxrl", unit="step", dynamic_ncols=True)
+        try:
+            while self.step < total:
+                self.step += 1
+                metrics = self.train_step()
+                metrics["training/global_step"] = self.step
+                is_last = self.step == total
+                if c.val_rows and test_freq > 0 and (self.step % test_freq == 0 or is_last):
+                    t = {}
+                    with timed("testing", t):
+                        metrics.update(self.validate())
+                    metrics["timing_s/testing"] = t["testing"]
+                c.logger.log(self.step, metrics)
+                bar.set_postfix(score=f"{metrics['critic/score/mean']:.3f}")
+                bar.update(1)
+                last = metrics
+        finally:
+            bar.close()
+        return last
+
+
+# -- wiring ------------------------------------------------------------------------------------------------
+
+
+def _jnp_dtype(name: str):
+    import jax.numpy as jnp
+
+    return {"float32": jnp.float32, "fp32": jnp.float32, "bfloat16": jnp.bfloat16, "bf16": jnp.bfloat16}[name]
+
+
+def build(cfg) -> Components:
+    """Construct every role of a run from a validated config (heavy imports happen here).
+
+    Data files are read first so a missing or malformed file fails before the (slow) model load.
+    """
+    from flax import nnx
+
+    from jaxrl.config.loader import config_to_dict
+    from jaxrl.workers.rollout import make_rollout_engine
+
+    arr = cfg.actor_rollout_ref
+    out_dir = Path(cfg.trainer.default_local_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    train_rows, val_rows = _read_rows(cfg.data)
+    pre, tokenizer = _load_policy(arr.model)
+    graphdef, params = nnx.split(pre.model)
+    train_data, val_examples = _prompt_pipelines(cfg.data, tokenizer, train_rows, val_rows)
+    total = cfg.trainer.total_training_steps or cfg.trainer.total_epochs * train_data.steps_per_epoch
+
+    actor, ref = _build_actor_and_reference(cfg, graphdef, params, total)
+    rollout = make_rollout_engine(cfg, pre.config, graphdef, params, tokenizer)
+    reward = _build_reward(cfg)
+    logger = MetricsLogger(
+        cfg.trainer.logger, out_dir, project_name=cfg.trainer.project_name,
+        experiment_name=cfg.trainer.experiment_name, config=config_to_dict(cfg),
+    )
+    return Components(
+        cfg=cfg, tokenizer=tokenizer, model_cfg=pre.config, actor=actor, ref=ref, rollout=rollout, reward=reward,
+        train_data=train_data, val_rows=val_examples, logger=logger, out_dir=out_dir, total_training_steps=total,
+    )
+
+
+def _read_rows(d) -> tuple[list[dict], list[dict] | None]:
+    """Raw train / validation rows (``data.*_max_samples`` applied)."""
+    train_rows = _load_rows_with_hint(d.train_files, d)
+    if d.train_max_samples and d.train_max_samples > 0:
+        train_rows = train_rows[: d.train_max_samples]
+    val_rows = _load_rows_with_hint(d.val_files, d) if d.val_files else None
+    if val_rows and d.val_max_samples and d.val_max_samples > 0:
+        val_rows = val_rows[: d.val_max_samples]
+    return train_rows, val_rows
+
+
+def _load_policy(model_cfg):
+    """The pretrained policy and its tokenizer (``model.tokenizer_path`` overrides the model's own)."""
+    from jaxrl.models import load_pretrained
+
+    pre = load_pretrained(
+        model_cfg.path, param_dtype=model_cfg.param_dtype, dtype=model_cfg.dtype,
+        remat=model_cfg.enable_gradient_checkpointing,
+    )
+    tokenizer = pre.tokenizer
+    if model_cfg.tokenizer_path:
+        from jaxrl.models.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(model_cfg.tokenizer_path)
+    if tokenizer is None:
+        raise ValueError(f"no tokenizer found for model {model_cfg.path!r}; set actor_rollout_ref.model.tokenizer_path")
+    return pre, tokenizer
+
+
+def _prompt_pipelines(d, tokenizer, train_rows, val_rows):
+    """The training prompt pipeline and the tokenised validation examples (``{"prompt_ids", "row"}``)."""
+    from jaxrl.data.pipeline import PromptPipeline
+
+    common = dict(
+        max_prompt_length=d.max_prompt_length, prompt_key=d.prompt_key,
+        filter_overlong_prompts=d.filter_overlong_prompts, truncation=d.truncation, seed=d.seed,
+    )
+    train = PromptPipeline(train_rows, tokenizer, batch_size=d.train_batch_size, shuffle=d.shuffle, **common)
+    if not val_rows:
+        return train, None
+    val = PromptPipeline(val_rows, tokenizer, batch_size=1, shuffle=False, **common)
+    examples = [
+        {"prompt_ids": ids, "row": row}
+        for b in val.iter_batches_once(batch_size=64)
+        for ids, row in zip(b.prompt_ids, b.rows)
+    ]
+    return train, examples
+
+
+def _build_actor_and_reference(cfg, graphdef, params, total_training_steps):
+    """The actor, and the frozen reference (a copy of the initial params) when a KL term needs it."""
+    import jax
+
+    from jaxrl.workers.actor import ActorWorker, LogProbComputer
+
+    arr = cfg.actor_rollout_ref
+    rollout_cfg = arr.rollout
+    actor = ActorWorker(
+        graphdef, params, arr.actor, rollout_n=rollout_cfg.n, temperature=rollout_cfg.temperature,
+        log_prob_micro_batch_size=rollout_cfg.log_prob_micro_batch_size_per_gpu,
+        total_training_steps=total_training_steps, seed=cfg.trainer.seed,
+    )
+    if not (arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward):
+        return actor, None
+    micro = arr.ref.log_prob_micro_batch_size_per_gpu or rollout_cfg.log_prob_micro_batch_size_per_gpu
+    ref = _Reference(
+        LogProbComputer(graphdef, micro_batch_size=micro, temperature=rollout_cfg.temperature),
+        jax.tree.map(lambda x: x.copy(), params),  # frozen copy: the actor's buffers are updated in place
+    )
+    return actor, ref
+
+
+def _build_reward(cfg):
+    """The reward manager around the custom ``compute_score`` or the built-in dispatcher."""
+    from jaxrl.rewards import default_compute_score
+    from jaxrl.rewards.custom import load_custom_reward_fn
+    from jaxrl.rewards.manager import RewardManager
+
+    if cfg.custom_reward_function.path:
+        fn = load_custom_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name)
+    else:
+        fn = default_compute_score
+    return RewardManager(fn, timeout_s=cfg.reward_model.timeout_s, num_workers=cfg.reward_model.num_workers)
+
+
+def _load_rows_with_hint(files, data_cfg) -> list[dict]:
+    """``load_rows`` whose missing-file error also says how verl-format files are made."""
+    from jaxrl.data.sources import load_rows
+
+    try:
+        return load_rows(files, skip_malformed=data_cfg.skip_malformed, prompt_key=data_cfg.prompt_key)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(
+            f"{e}\n(verl-format parquet files are made by `python -m jaxrl.data.prepare gsm8k|math --output DIR`)"
+        ) from e
+
+
+@dataclasses.dataclass
+class _Reference:
+    """The frozen reference policy: a :class:`LogProbComputer` bound to the initial params."""
+
+    log_prob: object
+    params: object
+
+    def compute_log_probs(self, batch: RLBatch):
+        return self.log_prob(self.params, batch)
+
+
+def run_training(cfg) -> dict[str, float]:
+    """Build the run, train, write the reward plot and export the final model; returns the last metrics."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU found" noise on CPU/GPU
+    t0 = time.perf_counter()
+    c = build(cfg)
+    log.info(
+        "run: %d steps, %d prompts x n=%d per step, output in %s",
+        c.total_training_steps, cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n, c.out_dir,
+    )
+    trainer = Trainer(c)
+    try:
+        last = trainer.fit()
+    finally:
+        c.logger.close()
+    if c.logger.jsonl_path.exists():
+        png = plot_rewards(c.logger.jsonl_path, c.out_dir / "reward.png")
+        log.info("reward plot: %s", png)
+    from flax import nnx
+
+    from jaxrl.models.hf import save_hf
+
+    export_dir = c.out_dir / "hf_model"
+    save_hf(nnx.merge(c.actor.graphdef, c.actor.params), c.model_cfg, export_dir, tokenizer=c.tokenizer)
+    log.info("final model exported to %s (load with transformers or jaxrl.generate --model)", export_dir)
+    log.info("done in %.1f s", time.perf_counter() - t0)
+    return last

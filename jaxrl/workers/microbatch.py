@@ -1,0 +1,66 @@
+"""Host-side batching helpers shared by the trained roles (actor, critic): fixed-size micro-batches.
+
+Every jitted phase sees arrays of one fixed shape, so XLA compiles one program per phase whatever the
+batch size: the last (partial) chunk is padded with all-zero rows, which carry ``response_mask = 0`` and
+``attention_mask = 0`` and therefore contribute nothing to any masked loss or metric.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+
+def pad_rows(arr: np.ndarray, rows: int) -> np.ndarray:
+    """``arr`` padded along axis 0 with zeros up to ``rows`` rows (returned unchanged when it has ``rows``).
+
+    Raises:
+      ValueError: ``arr`` already has more than ``rows`` rows.
+    """
+    if arr.shape[0] == rows:
+        return arr
+    if arr.shape[0] > rows:
+        raise ValueError(f"cannot pad {arr.shape[0]} rows down to {rows}")
+    pad = np.zeros((rows - arr.shape[0],) + arr.shape[1:], dtype=arr.dtype)
+    return np.concatenate([arr, pad], axis=0)
+
+
+def row_chunks(num_rows: int, chunk: int) -> Iterator[tuple[slice, int]]:
+    """``(slice, valid_rows)`` for consecutive chunks of ``chunk`` rows covering ``num_rows`` rows.
+
+    Raises:
+      ValueError: ``chunk <= 0``.
+    """
+    if chunk <= 0:
+        raise ValueError(f"micro-batch size must be > 0, got {chunk}")
+    for start in range(0, num_rows, chunk):
+        yield slice(start, start + chunk), min(chunk, num_rows - start)
+
+
+def stack_micro(
+    arrays: dict[str, np.ndarray], idx: np.ndarray, mini_rows: int, micro_rows: int
+) -> tuple[dict[str, np.ndarray], np.float32, np.float32]:
+    """One mini-batch laid out for ``lax.scan`` gradient accumulation.
+
+    Args:
+      arrays: per-row arrays ``[N, ...]``; must contain ``"response_mask"`` (float 0/1 ``[N, R]``).
+      idx: ``[K]`` int row indices of the mini-batch, ``K <= mini_rows``.
+      mini_rows: mini-batch size in rows (``K`` is padded up to it with masked rows).
+      micro_rows: micro-batch size in rows; must divide ``mini_rows``.
+
+    Returns:
+      ``(stacked, num_tokens, num_seqs)``: every array reshaped ``[mini_rows // micro_rows, micro_rows, ...]``,
+      and the mini-batch's loss normalisers as float32 scalars: valid response tokens (at least 1) and
+      real rows ``K`` (padding rows are not counted).
+
+    Raises:
+      ValueError: ``micro_rows`` does not divide ``mini_rows``, or ``K > mini_rows``.
+    """
+    if micro_rows <= 0 or mini_rows % micro_rows:
+        raise ValueError(f"micro-batch rows {micro_rows} must be > 0 and divide the mini-batch rows {mini_rows}")
+    mb = {k: pad_rows(v[idx], mini_rows) for k, v in arrays.items()}
+    num_tokens = np.float32(max(mb["response_mask"].sum(), 1.0))
+    num_seqs = np.float32(len(idx))
+    n_micro = mini_rows // micro_rows
+    return {k: v.reshape((n_micro, micro_rows) + v.shape[1:]) for k, v in mb.items()}, num_tokens, num_seqs

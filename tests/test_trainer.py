@@ -1,0 +1,108 @@
+"""Controller: the helpers of the RL step, and a short real run of the whole loop (stories260K)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import numpy as np
+import pytest
+
+from jaxrl.config.loader import load_config
+from jaxrl.trainer import _call_with_supported_kwargs, place_scores_on_last_token, run_training
+
+REQUIRED_KEYS = [
+    "critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "response_length/mean",
+    "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac", "actor/grad_norm", "actor/lr",
+    "timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/ref", "timing_s/adv",
+    "timing_s/update_actor", "timing_s/sync", "timing_s/step", "training/rollout_probs_diff_max",
+    "reward/num_errors", "reward/num_timeouts",
+]
+
+
+def test_scores_sit_on_the_last_valid_token():
+    mask = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]])
+    out = place_scores_on_last_token(np.array([0.5, -1.0, 2.0, 3.0], np.float32), mask)
+    expected = np.zeros((4, 4), np.float32)
+    expected[0, 2], expected[1, 0], expected[2, 3] = 0.5, -1.0, 2.0  # an empty response scores nothing
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_estimator_options_are_filtered_by_signature():
+    def est(rewards, mask, groups, *, gamma):
+        return gamma
+
+    assert _call_with_supported_kwargs(est, 1, 2, 3, gamma=0.5, lam=0.9, norm_adv_by_std_in_grpo=True) == 0.5
+
+
+def tiny_run_overrides(tmp_path, extra=()):
+    return [
+        "data.train_batch_size=4", "data.max_response_length=12", "data.val_max_samples=4",
+        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.actor.kl_loss_coef=0.01",
+        "trainer.total_training_steps=2", "trainer.test_freq=1", "trainer.val_before_train=false",
+        f"trainer.default_local_dir={tmp_path}", *extra,
+    ]
+
+
+def test_short_quickstart_run_writes_verl_metrics_plot_and_model(shared, tmp_path):
+    cfg = load_config("configs/quickstart.yaml", tiny_run_overrides(tmp_path))
+    run_training(cfg)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    for key in REQUIRED_KEYS:
+        assert key in records[-1], key
+    assert "val-core/tinystories/sentiment/reward/mean@1" in records[-1]
+    assert records[-1]["response_length/mean"] <= 12
+    # The sampler's log-probs and the trainer's recompute agree (same weights, fp32).
+    assert records[0]["training/rollout_probs_diff_max"] < 1e-3
+    assert (tmp_path / "reward.png").stat().st_size > 1000
+    assert (tmp_path / "hf_model" / "model.safetensors").exists()
+    assert (tmp_path / "hf_model" / "config.json").exists()
+
+
+def test_reward_function_that_raises_or_hangs_never_stops_the_run(shared, tmp_path):
+    rf = tmp_path / "bad_reward.py"
+    rf.write_text(textwrap.dedent("""
+        import time
+        CALLS = {"n": 0}
+        def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+            CALLS["n"] += 1
+            if CALLS["n"] % 3 == 0:
+                raise RuntimeError("reward backend down")
+            if CALLS["n"] % 5 == 0:
+                time.sleep(30)
+            return float(len(solution_str) % 2)
+    """))
+    out = tmp_path / "run"
+    cfg = load_config("configs/quickstart.yaml", tiny_run_overrides(out, [
+        f"custom_reward_function.path={rf}", "reward_model.timeout_s=0.5", "trainer.test_freq=-1",
+    ]))
+    run_training(cfg)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert sum(r["reward/num_errors"] for r in records) >= 2
+    assert sum(r["reward/num_timeouts"] for r in records) >= 1
+    assert len(records) == 2
+
+
+def test_missing_data_file_fails_before_loading_the_model(tmp_path, capsys):
+    from jaxrl.train import main
+
+    code = main(["--config", "configs/quickstart.yaml", f"data.train_files={tmp_path}/nope.parquet"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "nope.parquet" in err and "jaxrl.data.prepare" in err
+
+
+@pytest.mark.parametrize("name", ["vllm", "jetstream"])
+def test_unavailable_rollout_engine_is_a_clear_error(name):
+    from types import SimpleNamespace
+
+    from jaxrl.workers.rollout import make_rollout_engine
+
+    cfg = SimpleNamespace(actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(name=name)))
+    with pytest.raises(ValueError, match=f"rollout.name='{name}'.*valid here: jax"):
+        make_rollout_engine(cfg, None, None, None, None)
