@@ -35,6 +35,7 @@ class RLBatch:
       advantages, returns: float32 ``[N, R]``.
       values: float32 ``[N, R]``, the critic's values before the update (PPO/GAE); value at response token
         ``j`` is read from the state before emitting it.
+      reward_baselines: float32 ``[N]``, ReMax's baseline: the score of a greedy response to the same prompt.
     """
 
     prompt_ids: np.ndarray
@@ -50,6 +51,7 @@ class RLBatch:
     advantages: np.ndarray | None = None
     returns: np.ndarray | None = None
     values: np.ndarray | None = None
+    reward_baselines: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -85,3 +87,44 @@ class RLBatch:
 def positions_from_mask(mask: np.ndarray) -> np.ndarray:
     """RoPE positions ``[B, T]`` int32 from an attention mask ``[B, T]``: ``max(cumsum(mask) - 1, 0)``."""
     return np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
+
+
+def concat_batches(batches: list[RLBatch]) -> RLBatch:
+    """Stack batches row-wise (e.g. several generation rounds of dynamic sampling).
+
+    Prompts are left-padded to the widest prompt (new slots: id 0, mask 0); group ids
+    are offset so that groups of different batches never merge. Fields must be set in all batches or none.
+
+    Raises:
+      ValueError: an empty list, different response widths, or a field set in some batches only.
+    """
+    if not batches:
+        raise ValueError("concat_batches needs at least one batch")
+    widths = {b.response_width for b in batches}
+    if len(widths) != 1:
+        raise ValueError(f"cannot concatenate batches with different response widths {sorted(widths)}")
+    p = max(b.prompt_width for b in batches)
+
+    def left_pad(x: np.ndarray, width: int) -> np.ndarray:
+        return np.pad(x, ((0, 0), (width - x.shape[1], 0)))
+
+    out = {}
+    offset = 0
+    group_ids = []
+    for b in batches:
+        group_ids.append(b.group_ids + offset)
+        offset += int(b.group_ids.max()) + 1 if b.size else 0
+    out["group_ids"] = np.concatenate(group_ids).astype(np.int32)
+    out["prompt_ids"] = np.concatenate([left_pad(b.prompt_ids, p) for b in batches])
+    out["prompt_mask"] = np.concatenate([left_pad(b.prompt_mask, p) for b in batches])
+    for f in dataclasses.fields(RLBatch):
+        if f.name in out:
+            continue
+        vals = [getattr(b, f.name) for b in batches]
+        if all(v is None for v in vals):
+            out[f.name] = None
+        elif any(v is None for v in vals):
+            raise ValueError(f"batch field {f.name!r} is set in some batches but not others")
+        else:
+            out[f.name] = np.concatenate(vals)
+    return RLBatch(**out)

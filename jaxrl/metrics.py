@@ -44,8 +44,9 @@ def batch_metrics(batch) -> dict[str, float]:
     Returns:
       ``critic/score/*`` (sequence score), ``critic/rewards/*`` (sequence reward after in-reward KL),
       ``critic/advantages/*`` and ``critic/returns/*`` (over valid tokens), ``response_length/*`` (tokens),
-      ``response_length/clip_ratio`` (share of responses that hit the horizon without EOS... i.e. length == R),
-      ``prompt_length/*``.
+      ``response_length/clip_ratio`` (share of responses as long as the horizon R), ``prompt_length/*``, and
+      with a critic ``critic/values/*`` and ``critic/vf_explained_var`` = 1 - Var(returns - values) / Var(returns)
+      over valid tokens (verl ``compute_data_metrics``).
     """
     mask = batch.response_mask.astype(bool)
     resp_len = mask.sum(-1).astype(np.float32)
@@ -57,6 +58,11 @@ def batch_metrics(batch) -> dict[str, float]:
     out.update(_stats("response_length", resp_len))
     out["response_length/clip_ratio"] = float(np.mean(resp_len >= batch.response_width))
     out.update(_stats("prompt_length", batch.prompt_mask.sum(-1).astype(np.float32)))
+    if batch.values is not None:
+        values, returns = batch.values[mask], batch.returns[mask]
+        out.update(_stats("critic/values", values))
+        var = np.var(returns)
+        out["critic/vf_explained_var"] = float(1.0 - np.var(returns - values) / (var + 1e-8)) if values.size else 0.0
     return out
 
 

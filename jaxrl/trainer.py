@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxrl.batch import RLBatch
+from jaxrl.batch import RLBatch, concat_batches
 from jaxrl.metrics import MetricsLogger, batch_metrics, plot_rewards, timed
+from jaxrl.rewards.shaping import groups_with_signal, overlong_penalty
 
 log = logging.getLogger("jaxrl")
 
@@ -41,6 +42,7 @@ class Components:
     logger: MetricsLogger
     out_dir: Path
     total_training_steps: int
+    critic: object | None = None
 
 
 def _sampling_params(rollout_cfg, max_new_tokens: int, *, validation: bool, seed: int):
@@ -86,6 +88,35 @@ def score_responses(reward, rows: list[dict], prompt_index: np.ndarray, texts: l
     )
 
 
+def _extra_as_array(rew, key: str, default: np.ndarray) -> np.ndarray:
+    """A numeric extra output of the reward function (e.g. ``acc``) as ``[N]`` float32; failed calls give 0."""
+    values = rew.extra.get(key)
+    if values is None:
+        return np.asarray(default, np.float32)
+    return np.asarray([0.0 if v is None else float(v) for v in values], np.float32)
+
+
+def _add(metrics: dict, key: str, value: float) -> None:
+    metrics[key] = metrics.get(key, 0) + value
+
+
+def rollout_mismatch_metrics(batch: RLBatch, entropy: np.ndarray) -> dict[str, float]:
+    """How far the rollout engine's token probabilities are from the trainer's recompute (same weights).
+
+    ``training/rollout_probs_diff_{mean,max}`` = |p_trainer - p_rollout| over valid tokens; nonzero gaps come
+    from numerics (bf16 kernels, another engine). ``actor/entropy_old`` is the pre-update token entropy.
+    """
+    mask = batch.response_mask.astype(bool)
+    if not mask.any():
+        return {"training/rollout_probs_diff_mean": 0.0, "training/rollout_probs_diff_max": 0.0}
+    gap = np.abs(np.exp(batch.old_log_probs) - np.exp(batch.rollout_log_probs))[mask]
+    return {
+        "training/rollout_probs_diff_mean": float(gap.mean()),
+        "training/rollout_probs_diff_max": float(gap.max()),
+        "actor/entropy_old": float(entropy[mask].mean()),
+    }
+
+
 def place_scores_on_last_token(scores: np.ndarray, response_mask: np.ndarray) -> np.ndarray:
     """Token-level scores ``[N, R]``: each sequence score sits on its last valid response token (verl)."""
     out = np.zeros(response_mask.shape, np.float32)
@@ -96,61 +127,54 @@ def place_scores_on_last_token(scores: np.ndarray, response_mask: np.ndarray) ->
 
 
 class Trainer:
-    """Runs GRPO-family training over :class:`Components`."""
+    """Runs GRPO/PPO-family training over :class:`Components`."""
 
     def __init__(self, c: Components):
+        from jaxrl.algorithms import get_kl_controller
+
         self.c = c
         cfg = c.cfg
         self.rollout_cfg = cfg.actor_rollout_ref.rollout
         self.max_new_tokens = self.rollout_cfg.max_new_tokens or cfg.data.max_response_length
+        kc = cfg.algorithm.kl_ctrl
+        self.kl_ctrl = get_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
         self.step = 0
 
     # -- one RL step -----------------------------------------------------------------------------------------
 
     def train_step(self) -> dict[str, float]:
-        """One RL step over the next prompt batch; returns its metrics (verl names)."""
+        """One RL step; returns its metrics (verl names)."""
         c, cfg = self.c, self.c.cfg
         t: dict[str, float] = {}
         metrics: dict[str, float] = {}
         with timed("step", t):
-            prompts = c.train_data.next_batch()
-
-            with timed("gen", t):
-                sp = _sampling_params(self.rollout_cfg, self.max_new_tokens, validation=False, seed=self._seed())
-                out = c.rollout.generate(prompts.prompt_ids, sp)
-            batch = RLBatch(
-                prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, response_ids=out.response_ids,
-                response_mask=out.response_mask, group_ids=out.prompt_index, rollout_log_probs=out.rollout_log_probs,
-            )
-
-            with timed("reward", t):
-                texts = decode_responses(c.tokenizer, batch.response_ids, batch.response_mask)
-                rew = score_responses(c.reward, prompts.rows, out.prompt_index, texts)
-                batch.token_level_scores = place_scores_on_last_token(rew.scores, batch.response_mask)
-                metrics["reward/num_errors"] = rew.num_errors
-                metrics["reward/num_timeouts"] = rew.num_timeouts
+            batch = self._collect_batch(t, metrics)  # phases gen + reward (DAPO: several rounds)
 
             with timed("old_log_prob", t):
                 batch.old_log_probs, entropy = c.actor.compute_log_probs(batch)
-                mask = batch.response_mask.astype(bool)
-                metrics["actor/entropy_old"] = float(entropy[mask].mean()) if mask.any() else 0.0
-                gap = np.abs(np.exp(batch.old_log_probs) - np.exp(batch.rollout_log_probs))[mask]
-                metrics["training/rollout_probs_diff_mean"] = float(gap.mean()) if gap.size else 0.0
-                metrics["training/rollout_probs_diff_max"] = float(gap.max()) if gap.size else 0.0
+                metrics.update(rollout_mismatch_metrics(batch, entropy))
 
             if c.ref is not None:
                 with timed("ref", t):
                     batch.ref_log_probs, _ = c.ref.compute_log_probs(batch)
 
+            if c.critic is not None:
+                with timed("values", t):
+                    batch.values = c.critic.compute_values(batch)
+
             with timed("adv", t):
                 batch.token_level_rewards = self._apply_kl_in_reward(batch, metrics)
                 batch.advantages, batch.returns = self._advantages(batch)
 
-            with timed("update_actor", t):
-                metrics.update(c.actor.update(batch))
+            if c.critic is not None:
+                with timed("update_critic", t):
+                    metrics.update(c.critic.update(batch))
 
-            with timed("sync", t):
-                c.rollout.update_weights(c.actor.params)
+            if self.step > cfg.trainer.critic_warmup:  # PPO: let the critic learn first
+                with timed("update_actor", t):
+                    metrics.update(c.actor.update(batch))
+                with timed("sync", t):
+                    c.rollout.update_weights(c.actor.params)
 
         metrics.update(batch_metrics(batch))
         metrics.update({f"timing_s/{k}": v for k, v in t.items()})
@@ -160,22 +184,107 @@ class Trainer:
         metrics["training/epoch"] = c.train_data.epoch
         return metrics
 
+    def _collect_batch(self, t: dict, metrics: dict) -> RLBatch:
+        """Generate and score the step's responses.
+
+        Without ``algorithm.filter_groups`` this is one round over the next prompt batch. With it, DAPO's
+        dynamic sampling (arXiv 2503.14476, Sec. 3.2; verl ``filter_groups``): groups whose
+        ``filter_groups.metric`` is the same for every response are dropped and further prompt batches are
+        generated until ``data.train_batch_size`` groups are kept or ``max_num_gen_batches`` rounds ran
+        (then the step trains on what it has, with a warning).
+        """
+        fg = self.c.cfg.algorithm.filter_groups
+        if not fg.enable:
+            batch, _ = self._generate_and_score(self.c.train_data.next_batch(), t, metrics)
+            return batch
+        target = self.c.cfg.data.train_batch_size
+        kept: list[RLBatch] = []
+        n_kept = n_dropped = rounds = 0
+        while n_kept < target and not (0 < fg.max_num_gen_batches <= rounds):
+            rounds += 1
+            batch, seq = self._generate_and_score(self.c.train_data.next_batch(), t, metrics)
+            keep = groups_with_signal(seq[fg.metric], batch.group_ids)
+            n_dropped += len(np.unique(batch.group_ids[~keep]))
+            n_kept += len(np.unique(batch.group_ids[keep]))
+            if keep.any():
+                kept.append(batch.select(np.flatnonzero(keep)))
+        metrics["train/num_gen_batches"] = rounds
+        metrics["train/num_dropped_groups"] = n_dropped
+        if not kept:  # every group flat: train on the last round (zero advantages, a no-op update)
+            log.warning("dynamic sampling kept no group in %d rounds; this step will not move the policy", rounds)
+            return batch
+        if n_kept < target:
+            log.warning("dynamic sampling kept %d of %d groups after %d rounds", n_kept, target, rounds)
+        batch = concat_batches(kept)
+        first_groups = np.unique(batch.group_ids)[:target]
+        return batch.select(np.flatnonzero(np.isin(batch.group_ids, first_groups)))
+
+    def _generate_and_score(self, prompts, t: dict, metrics: dict) -> tuple[RLBatch, dict[str, np.ndarray]]:
+        """One round of phases gen + reward for a prompt batch.
+
+        Returns the batch with ``token_level_scores`` set and the per-response values dynamic sampling can
+        filter on: ``score`` (reward function), ``acc`` (its ``acc`` output, else the score), ``seq_reward``
+        and ``seq_final_reward`` (score after overlong shaping; the in-reward KL is applied after filtering).
+        """
+        c, cfg = self.c, self.c.cfg
+        with timed("gen", t):
+            sp = _sampling_params(self.rollout_cfg, self.max_new_tokens, validation=False, seed=self._seed())
+            out = c.rollout.generate(prompts.prompt_ids, sp)
+        batch = RLBatch(
+            prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, response_ids=out.response_ids,
+            response_mask=out.response_mask, group_ids=out.prompt_index, rollout_log_probs=out.rollout_log_probs,
+        )
+        with timed("reward", t):
+            texts = decode_responses(c.tokenizer, batch.response_ids, batch.response_mask)
+            rew = score_responses(c.reward, prompts.rows, out.prompt_index, texts)
+            _add(metrics, "reward/num_errors", rew.num_errors)
+            _add(metrics, "reward/num_timeouts", rew.num_timeouts)
+            scores = rew.scores.astype(np.float32)
+            ob = cfg.reward_model.overlong_buffer
+            if ob.enable:
+                penalty = overlong_penalty(
+                    batch.response_mask.sum(-1), max_response_length=batch.response_width, buffer_len=ob.len,
+                    penalty_factor=ob.penalty_factor,
+                )
+                metrics["reward/overlong_penalty_mean"] = float(penalty.mean())
+                scores = scores + penalty
+            batch.token_level_scores = place_scores_on_last_token(scores, batch.response_mask)
+        if cfg.algorithm.adv_estimator == "remax":
+            with timed("gen_max", t):  # ReMax's baseline: the score of a greedy response to the same prompt
+                greedy = dataclasses.replace(sp, n=1, do_sample=False)
+                base_out = c.rollout.generate(prompts.prompt_ids, greedy)
+                base_texts = decode_responses(c.tokenizer, base_out.response_ids, base_out.response_mask)
+                base = score_responses(c.reward, prompts.rows, base_out.prompt_index, base_texts).scores
+            batch.reward_baselines = np.asarray(base, np.float32)[out.prompt_index]
+        seq = {
+            "score": rew.scores,
+            "acc": _extra_as_array(rew, "acc", default=rew.scores),
+            "seq_reward": scores,
+            "seq_final_reward": scores,
+        }
+        return batch, seq
+
     def _seed(self) -> int:
         return int(self.c.cfg.trainer.seed) * 1_000_003 + self.step
 
     def _apply_kl_in_reward(self, batch: RLBatch, metrics: dict) -> np.ndarray:
-        """``algorithm.use_kl_in_reward``: rewards = scores - kl_coef * KL(old || ref) per token (fixed coef)."""
+        """``algorithm.use_kl_in_reward``: rewards = scores - beta * KL(old || ref) per token (verl
+        ``apply_kl_penalty``); beta comes from the fixed or adaptive controller (``algorithm.kl_ctrl``), which
+        is updated with this step's KL."""
         alg = self.c.cfg.algorithm
         if not alg.use_kl_in_reward:
             return batch.token_level_scores
-        from jaxrl.algorithms import kl_penalty
+        from jaxrl.algorithms import apply_kl_penalty
 
-        kld = np.asarray(kl_penalty(batch.old_log_probs, batch.ref_log_probs, alg.kl_penalty)) * batch.response_mask
-        beta = alg.kl_ctrl.kl_coef
-        seq_kl = kld.sum(-1) / np.maximum(batch.response_mask.sum(-1), 1)
-        metrics["actor/reward_kl_penalty"] = float(seq_kl.mean())
+        beta = float(self.kl_ctrl.value)
+        rewards, current_kl = apply_kl_penalty(
+            batch.token_level_scores, batch.old_log_probs, batch.ref_log_probs,
+            batch.response_mask.astype(np.float32), beta, alg.kl_penalty,
+        )
+        self.kl_ctrl = self.kl_ctrl.update(float(current_kl), batch.size)
+        metrics["actor/reward_kl_penalty"] = float(current_kl)
         metrics["actor/reward_kl_penalty_coeff"] = beta
-        return (batch.token_level_scores - beta * kld).astype(np.float32)
+        return np.asarray(rewards, np.float32)
 
     def _advantages(self, batch: RLBatch) -> tuple[np.ndarray, np.ndarray]:
         from jaxrl.algorithms import get_adv_estimator
@@ -190,6 +299,8 @@ class Trainer:
             norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
             gamma=alg.gamma,
             lam=alg.lam,
+            values=batch.values,
+            reward_baselines=batch.reward_baselines,
         )
         return np.asarray(adv, np.float32), np.asarray(ret, np.float32)
 
@@ -202,18 +313,23 @@ class Trainer:
             return {}
         sp = _sampling_params(self.rollout_cfg, self.max_new_tokens, validation=True, seed=self._seed() + 7)
         bs = cfg.data.val_batch_size or len(c.val_rows)
-        per_source: dict[str, list[float]] = {}
+        per_source: dict[tuple[str, str], list[float]] = {}
         samples = []
         for start in range(0, len(c.val_rows), bs):
             chunk = c.val_rows[start : start + bs]
             out = c.rollout.generate([r["prompt_ids"] for r in chunk], sp)
             texts = decode_responses(c.tokenizer, out.response_ids, out.response_mask)
             rew = score_responses(c.reward, [r["row"] for r in chunk], out.prompt_index, texts)
-            for i, s in zip(out.prompt_index, rew.scores):
-                per_source.setdefault(chunk[i]["row"].get("data_source", "unknown"), []).append(float(s))
+            values = {"reward": rew.scores}
+            if "acc" in rew.extra:
+                values["acc"] = _extra_as_array(rew, "acc", default=rew.scores)
+            for name, vals in values.items():
+                for i, v in zip(out.prompt_index, vals):
+                    ds = chunk[i]["row"].get("data_source", "unknown")
+                    per_source.setdefault((ds, name), []).append(float(v))
             samples.extend(zip(texts, rew.scores))
         n = sp.n
-        metrics = {f"val-core/{ds}/reward/mean@{n}": float(np.mean(v)) for ds, v in per_source.items()}
+        metrics = {f"val-core/{ds}/{name}/mean@{n}": float(np.mean(v)) for (ds, name), v in per_source.items()}
         for text, score in samples[: cfg.trainer.log_val_generations]:
             log.info("val sample (score %.3f): %r", score, text[:300])
         return metrics
@@ -279,10 +395,13 @@ def build(cfg) -> Components:
     train_rows, val_rows = _read_rows(cfg.data)
     pre, tokenizer = _load_policy(arr.model)
     graphdef, params = nnx.split(pre.model)
-    train_data, val_examples = _prompt_pipelines(cfg.data, tokenizer, train_rows, val_rows)
+    train_data, val_examples = _prompt_pipelines(
+        cfg.data, tokenizer, train_rows, val_rows, dynamic_sampling=cfg.algorithm.filter_groups.enable
+    )
     total = cfg.trainer.total_training_steps or cfg.trainer.total_epochs * train_data.steps_per_epoch
 
     actor, ref = _build_actor_and_reference(cfg, graphdef, params, total)
+    critic = _build_critic(cfg, pre, total) if cfg.algorithm.adv_estimator == "gae" else None
     rollout = make_rollout_engine(cfg, pre.config, graphdef, params, tokenizer)
     reward = _build_reward(cfg)
     logger = MetricsLogger(
@@ -292,6 +411,7 @@ def build(cfg) -> Components:
     return Components(
         cfg=cfg, tokenizer=tokenizer, model_cfg=pre.config, actor=actor, ref=ref, rollout=rollout, reward=reward,
         train_data=train_data, val_rows=val_examples, logger=logger, out_dir=out_dir, total_training_steps=total,
+        critic=critic,
     )
 
 
@@ -324,15 +444,19 @@ def _load_policy(model_cfg):
     return pre, tokenizer
 
 
-def _prompt_pipelines(d, tokenizer, train_rows, val_rows):
-    """The training prompt pipeline and the tokenised validation examples (``{"prompt_ids", "row"}``)."""
+def _prompt_pipelines(d, tokenizer, train_rows, val_rows, *, dynamic_sampling: bool = False):
+    """The training prompt pipeline and the tokenised validation examples (``{"prompt_ids", "row"}``).
+
+    With DAPO dynamic sampling each generation round reads ``data.gen_batch_size`` prompts.
+    """
     from jaxrl.data.pipeline import PromptPipeline
 
     common = dict(
         max_prompt_length=d.max_prompt_length, prompt_key=d.prompt_key,
         filter_overlong_prompts=d.filter_overlong_prompts, truncation=d.truncation, seed=d.seed,
     )
-    train = PromptPipeline(train_rows, tokenizer, batch_size=d.train_batch_size, shuffle=d.shuffle, **common)
+    batch_size = (d.gen_batch_size or d.train_batch_size) if dynamic_sampling else d.train_batch_size
+    train = PromptPipeline(train_rows, tokenizer, batch_size=batch_size, shuffle=d.shuffle, **common)
     if not val_rows:
         return train, None
     val = PromptPipeline(val_rows, tokenizer, batch_size=1, shuffle=False, **common)
@@ -352,19 +476,38 @@ def _build_actor_and_reference(cfg, graphdef, params, total_training_steps):
 
     arr = cfg.actor_rollout_ref
     rollout_cfg = arr.rollout
+    ref_params = None
+    if arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
+        ref_params = jax.tree.map(lambda x: x.copy(), params)  # frozen copy: the actor's buffers are updated
     actor = ActorWorker(
         graphdef, params, arr.actor, rollout_n=rollout_cfg.n, temperature=rollout_cfg.temperature,
         log_prob_micro_batch_size=rollout_cfg.log_prob_micro_batch_size_per_gpu,
-        total_training_steps=total_training_steps, seed=cfg.trainer.seed,
+        total_training_steps=total_training_steps, seed=cfg.trainer.seed, ref_params=ref_params,
     )
-    if not (arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward):
+    if ref_params is None:
         return actor, None
     micro = arr.ref.log_prob_micro_batch_size_per_gpu or rollout_cfg.log_prob_micro_batch_size_per_gpu
-    ref = _Reference(
-        LogProbComputer(graphdef, micro_batch_size=micro, temperature=rollout_cfg.temperature),
-        jax.tree.map(lambda x: x.copy(), params),  # frozen copy: the actor's buffers are updated in place
-    )
+    ref = _Reference(LogProbComputer(graphdef, micro_batch_size=micro, temperature=rollout_cfg.temperature), ref_params)
     return actor, ref
+
+
+def _build_critic(cfg, policy, total_training_steps):
+    """PPO's critic: a value model from ``critic.model.path`` or, when unset, from the policy's weights."""
+    from flax import nnx
+
+    from jaxrl.models.value_model import build_value_model
+    from jaxrl.workers.critic import CriticWorker
+
+    cc = cfg.critic
+    model = build_value_model(
+        cc.model.path, policy, param_dtype=cc.model.param_dtype, dtype=cc.model.dtype,
+        remat=cc.model.enable_gradient_checkpointing, seed=cfg.trainer.seed,
+    )
+    graphdef, params = nnx.split(model)
+    return CriticWorker(
+        graphdef, params, cc, rollout_n=cfg.actor_rollout_ref.rollout.n, total_training_steps=total_training_steps,
+        seed=cfg.trainer.seed,
+    )
 
 
 def _build_reward(cfg):

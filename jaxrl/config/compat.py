@@ -35,7 +35,9 @@ _ENTROPY_MEM = "torch memory tweak; XLA fuses the entropy computation"
 _PROFILER = "verl's profiler settings do not apply; use jax.profiler / XProf"
 _VLLM_TUNING = "vLLM/SGLang engine tuning; not used by jaxrl's rollout backends"
 _KERNELS = "XLA fuses kernels; Liger/Triton/flash kernels do not apply"
-_NO_CRITIC = "jaxrl has no critic model yet; the supported estimator (grpo) is critic-free, so critic.* is ignored"
+_CRITIC_TOKENIZER = "the critic scores the actor's token ids; it loads no tokenizer of its own"
+_CRITIC_ENABLE = "jaxrl builds and trains the critic exactly when algorithm.adv_estimator=gae"
+_CRITIC_ROLLOUT_N = "the critic always uses actor_rollout_ref.rollout.n responses per prompt"
 _RM_MODEL = "used only by a model reward model (reward_model.enable=True, not supported yet)"
 _RAY = "jaxrl is a single-controller JAX program; no Ray cluster, worker groups or NCCL groups"
 _MULTI_TURN = "multi-turn/tool rollout is not supported yet; only multi_turn.enable=False is valid"
@@ -96,10 +98,6 @@ NOTES: dict[str, str] = {
     "actor_rollout_ref.model.lora_alpha": "used only with lora_rank > 0 (LoRA not supported yet)",
     "actor_rollout_ref.model.target_modules": "used only with lora_rank > 0 (LoRA not supported yet)",
     "actor_rollout_ref.model.exclude_modules": "used only with lora_rank > 0 (LoRA not supported yet)",
-    # ---- policy loss variants
-    "actor_rollout_ref.actor.policy_loss.clip_cov_*": "used only by loss_mode=clip-cov (not supported)",
-    "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": "used only by loss_mode=kl-cov (not supported)",
-    "actor_rollout_ref.actor.policy_loss.ppo_kl_coef": "used only by loss_mode=kl-cov (not supported)",
     # ---- rollout engine
     "actor_rollout_ref.rollout.mode": "verl's sync/async rollout-server mode; jaxrl calls its rollout backend directly",
     "actor_rollout_ref.rollout.dtype": "the jax sampler computes in actor_rollout_ref.model.dtype",
@@ -148,7 +146,36 @@ NOTES: dict[str, str] = {
     "*.profiler.*": _PROFILER,
     "*._target_": "Hydra instantiate target; jaxrl builds its own dataclasses",
     "_target_": "Hydra instantiate target; jaxrl builds its own dataclasses",
-    "critic.*": _NO_CRITIC,
+    # ---- critic (explicit keys only: a wildcard over critic.* would swallow typos of its real keys)
+    "critic.enable": _CRITIC_ENABLE,
+    "critic.rollout_n": _CRITIC_ROLLOUT_N,
+    "critic.strategy": _STRATEGY,
+    "critic.model.fsdp_config.*": _FSDP,
+    "critic.model.use_remove_padding": "jaxrl packs nothing; padding is masked and shapes bucketed",
+    "critic.model.tokenizer_path": _CRITIC_TOKENIZER,
+    "critic.model.external_lib": "jaxrl runs its own Flax model code; no HF model classes are imported",
+    "critic.model.trust_remote_code": "jaxrl runs its own Flax model code; no remote code is executed",
+    "critic.model.use_shm": "models load from local files; no shared-memory copy",
+    "critic.model.enable_activation_offload": (
+        "use critic.model.enable_gradient_checkpointing (jax.checkpoint); offload does not apply"
+    ),
+    "critic.model.override_config": "jaxrl builds the value model from its checkpoint's config; only {} is valid",
+    "critic.model.lora_rank": _LORA,
+    "critic.model.lora_alpha": "used only with lora_rank > 0 (LoRA not supported yet)",
+    "critic.model.target_modules": "used only with lora_rank > 0 (LoRA not supported yet)",
+    "critic.ppo_micro_batch_size": _DEPRECATED_MBS,
+    "critic.forward_micro_batch_size": _DEPRECATED_MBS,
+    "critic.use_dynamic_bsz": _DYN_BSZ,
+    "critic.ppo_max_token_len_per_gpu": _DYN_BSZ,
+    "critic.forward_max_token_len_per_gpu": _DYN_BSZ,
+    "critic.ulysses_sequence_parallel_size": _SP,
+    "critic.checkpoint.*": "checkpoint contents are not configurable in jaxrl; ignored",
+    "critic.optim.total_training_steps": "set at run time from trainer.total_training_steps",
+    "critic.optim.optimizer": "jaxrl's optimizer is optax.adamw; only AdamW is valid",
+    "critic.optim.optimizer_impl": "jaxrl's optimizer is optax.adamw; torch modules do not apply",
+    "critic.optim.override_optimizer_config": "no extra optimizer kwargs in jaxrl; only null is valid",
+    "critic.optim.num_cycles": "jaxrl's cosine schedule is the half cosine; only 0.5 is valid",
+    "critic.data_loader_seed": "the critic trains on the actor's batch; it has no data loader",
     # ---- model reward model (later issue)
     "reward_model.strategy": _RM_MODEL,
     "reward_model.model.*": _RM_MODEL,
@@ -179,12 +206,23 @@ REQUIRED_VALUES: dict[str, tuple[Any, ...]] = {
     "actor_rollout_ref.rollout.multi_turn.enable": (False,),
     "data.validation_shuffle": (False,),
     "trainer.default_hdfs_dir": (None,),
+    "critic.model.override_config": ({},),
+    "critic.model.lora_rank": (0,),
+    "critic.ppo_micro_batch_size": (None,),
+    "critic.forward_micro_batch_size": (None,),
+    "critic.use_dynamic_bsz": (False,),
+    "critic.ulysses_sequence_parallel_size": (1,),
+    "critic.optim.optimizer": ("AdamW", "adamw"),
+    "critic.optim.override_optimizer_config": (None,),
+    "critic.optim.num_cycles": (0.5,),
 }
 
 RENAMES: dict[str, str] = {
     "actor_rollout_ref.actor.optim.warmup_style": "actor_rollout_ref.actor.optim.lr_scheduler_type",
     "actor_rollout_ref.actor.optim.clip_grad": "actor_rollout_ref.actor.grad_clip",
     "data.tokenizer": "actor_rollout_ref.model.tokenizer_path",
+    "critic.optim.warmup_style": "critic.optim.lr_scheduler_type",
+    "critic.optim.clip_grad": "critic.grad_clip",
 }
 
 

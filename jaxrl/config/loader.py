@@ -299,6 +299,25 @@ class _Checks:
         if not (isinstance(v, list) and v and all(isinstance(f, str) and f.strip() for f in v)):
             self.fail(key, "a file path or a non-empty list of file paths" + (" (or null)" if nullable else ""))
 
+    def optim(self, prefix: str) -> None:
+        """An :class:`~jaxrl.config.schema.OptimConfig` section at ``prefix``."""
+        self.real(f"{prefix}.lr", 0.0, lo_open=True)
+        self.real(f"{prefix}.lr_warmup_steps_ratio", 0.0, 1.0)
+        self.int_at_least(f"{prefix}.lr_warmup_steps", 0, off=-1)
+        self.real(f"{prefix}.weight_decay", 0.0)
+        betas = _get(self.cfg, f"{prefix}.betas")
+        if not (len(betas) == 2 and all(_real(b) and 0.0 <= b < 1.0 for b in betas)):
+            self.fail(f"{prefix}.betas", "two numbers in [0, 1), e.g. [0.9, 0.999]")
+        self.real(f"{prefix}.eps", 0.0, lo_open=True)
+        self.real(f"{prefix}.min_lr_ratio", 0.0, 1.0)
+        self.choice(f"{prefix}.lr_scheduler_type", schema.LR_SCHEDULER_CHOICES)
+
+    def real_or_off(self, key: str, *, off: float) -> None:
+        """A finite number > 0, or exactly ``off`` (the documented "disabled" value)."""
+        v = _get(self.cfg, key)
+        if not (_real(v) and (v > 0 or v == off)):
+            self.fail(key, f"a finite number > 0, or {off} (off)")
+
     def sampling(self, prefix: str) -> None:
         self.int_at_least(f"{prefix}.n", 1)
         self.real(f"{prefix}.temperature", 0.0)
@@ -326,6 +345,18 @@ def _normalise(cfg: JaxRLConfig) -> None:
         rollout.max_new_tokens = d.max_response_length
     if rollout.seed is None:
         rollout.seed = cfg.trainer.seed
+    if d.gen_batch_size is None:
+        d.gen_batch_size = d.train_batch_size
+    critic, model = cfg.critic, cfg.actor_rollout_ref.model
+    for name in ("enable_gradient_checkpointing", "dtype", "param_dtype"):
+        if getattr(critic.model, name) is None:
+            setattr(critic.model, name, getattr(model, name))
+    if critic.ppo_mini_batch_size is None:
+        critic.ppo_mini_batch_size = actor.ppo_mini_batch_size
+    if critic.ppo_epochs is None:
+        critic.ppo_epochs = actor.ppo_epochs
+    if critic.forward_micro_batch_size_per_gpu is None:
+        critic.forward_micro_batch_size_per_gpu = critic.ppo_micro_batch_size_per_gpu
 
 
 def _validate(cfg: JaxRLConfig) -> None:
@@ -335,6 +366,7 @@ def _validate(cfg: JaxRLConfig) -> None:
     c.files("data.train_files", nullable=False)
     c.files("data.val_files", nullable=True)
     c.int_at_least("data.train_batch_size", 1)
+    c.int_at_least("data.gen_batch_size", 1)
     c.int_at_least("data.val_batch_size", 1, nullable=True)
     c.int_at_least("data.val_max_samples", 1, off=-1)
     c.int_at_least("data.train_max_samples", 1, off=-1)
@@ -349,17 +381,7 @@ def _validate(cfg: JaxRLConfig) -> None:
     c.choice("actor_rollout_ref.model.dtype", schema.DTYPE_CHOICES)
     c.choice("actor_rollout_ref.model.param_dtype", schema.DTYPE_CHOICES)
     # optimizer
-    o = "actor_rollout_ref.actor.optim"
-    c.real(f"{o}.lr", 0.0, lo_open=True)
-    c.real(f"{o}.lr_warmup_steps_ratio", 0.0, 1.0)
-    c.int_at_least(f"{o}.lr_warmup_steps", 0, off=-1)
-    c.real(f"{o}.weight_decay", 0.0)
-    betas = cfg.actor_rollout_ref.actor.optim.betas
-    if not (len(betas) == 2 and all(_real(b) and 0.0 <= b < 1.0 for b in betas)):
-        c.fail(f"{o}.betas", "two numbers in [0, 1), e.g. [0.9, 0.999]")
-    c.real(f"{o}.eps", 0.0, lo_open=True)
-    c.real(f"{o}.min_lr_ratio", 0.0, 1.0)
-    c.choice(f"{o}.lr_scheduler_type", schema.LR_SCHEDULER_CHOICES)
+    c.optim("actor_rollout_ref.actor.optim")
     # actor
     a = "actor_rollout_ref.actor"
     c.real(f"{a}.grad_clip", -math.inf)
@@ -367,7 +389,7 @@ def _validate(cfg: JaxRLConfig) -> None:
     c.int_at_least(f"{a}.ppo_micro_batch_size_per_gpu", 1, nullable=True)
     c.int_at_least(f"{a}.ppo_epochs", 1)
     c.real(f"{a}.kl_loss_coef", 0.0)
-    c.choice(f"{a}.kl_loss_type", schema.KL_PENALTY_CHOICES)
+    c.choice(f"{a}.kl_loss_type", schema.KL_LOSS_TYPE_CHOICES)
     c.real(f"{a}.entropy_coeff", 0.0)
     c.real(f"{a}.clip_ratio", 0.0, lo_open=True)
     c.real(f"{a}.clip_ratio_low", 0.0, 1.0, lo_open=True, hi_open=True)
@@ -375,6 +397,15 @@ def _validate(cfg: JaxRLConfig) -> None:
     c.real(f"{a}.clip_ratio_c", 1.0, lo_open=True)
     c.choice(f"{a}.loss_agg_mode", schema.LOSS_AGG_MODE_CHOICES)
     c.choice(f"{a}.policy_loss.loss_mode", schema.POLICY_LOSS_MODE_CHOICES)
+    c.real(f"{a}.policy_loss.clip_cov_ratio", 0.0, 1.0, lo_open=True)
+    c.real(f"{a}.policy_loss.clip_cov_lb", -math.inf)
+    c.real(f"{a}.policy_loss.clip_cov_ub", -math.inf)
+    pl = cfg.actor_rollout_ref.actor.policy_loss
+    if not pl.clip_cov_lb < pl.clip_cov_ub:
+        c.fail(f"{a}.policy_loss.clip_cov_ub", f"a number > {a}.policy_loss.clip_cov_lb={pl.clip_cov_lb!r}")
+    c.real(f"{a}.policy_loss.kl_cov_ratio", 0.0, 1.0, lo_open=True)
+    c.real(f"{a}.policy_loss.ppo_kl_coef", 0.0)
+    c.real_or_off(f"{a}.tis_imp_ratio_cap", off=-1)
     # rollout
     r = "actor_rollout_ref.rollout"
     c.choice(f"{r}.name", schema.ROLLOUT_NAME_CHOICES)
@@ -401,6 +432,21 @@ def _validate(cfg: JaxRLConfig) -> None:
     c.real("algorithm.kl_ctrl.kl_coef", 0.0)
     c.real("algorithm.kl_ctrl.target_kl", 0.0, lo_open=True)
     c.int_at_least("algorithm.kl_ctrl.horizon", 1)
+    c.choice("algorithm.filter_groups.metric", schema.FILTER_GROUPS_METRIC_CHOICES)
+    c.int_at_least("algorithm.filter_groups.max_num_gen_batches", 0)
+    # critic
+    k = "critic"
+    c.text(f"{k}.model.path", nullable=True)
+    c.choice(f"{k}.model.dtype", schema.DTYPE_CHOICES)
+    c.choice(f"{k}.model.param_dtype", schema.DTYPE_CHOICES)
+    c.optim(f"{k}.optim")
+    c.int_at_least(f"{k}.ppo_mini_batch_size", 1)
+    c.int_at_least(f"{k}.ppo_micro_batch_size_per_gpu", 1, nullable=True)
+    c.int_at_least(f"{k}.forward_micro_batch_size_per_gpu", 1, nullable=True)
+    c.int_at_least(f"{k}.ppo_epochs", 1)
+    c.real(f"{k}.cliprange_value", 0.0)
+    c.real(f"{k}.grad_clip", -math.inf)
+    c.choice(f"{k}.loss_agg_mode", schema.LOSS_AGG_MODE_CHOICES)
     # trainer
     c.int_at_least("trainer.total_epochs", 1)
     c.int_at_least("trainer.total_training_steps", 1, nullable=True)
@@ -428,6 +474,14 @@ def _validate(cfg: JaxRLConfig) -> None:
     c.choice("reward_model.reward_manager", schema.REWARD_MANAGER_CHOICES)
     c.real("reward_model.timeout_s", 0.0, lo_open=True)
     c.int_at_least("reward_model.num_workers", 1)
+    c.real("reward_model.overlong_buffer.penalty_factor", 0.0)
+    ob = cfg.reward_model.overlong_buffer
+    if ob.enable and not (_is_int(ob.len) and 1 <= ob.len <= cfg.data.max_response_length):
+        c.fail(
+            "reward_model.overlong_buffer.len",
+            f"an int in [1, data.max_response_length={cfg.data.max_response_length}] when "
+            "reward_model.overlong_buffer.enable=True (the penalty ramps over the last `len` tokens)",
+        )
     c.text("custom_reward_function.path", nullable=True)
     if not (isinstance(cfg.custom_reward_function.name, str) and cfg.custom_reward_function.name.isidentifier()):
         c.fail("custom_reward_function.name", "a Python function name, e.g. 'compute_score'")
@@ -447,26 +501,22 @@ def _validate_cross(cfg: JaxRLConfig) -> None:
             f"data.train_batch_size={d.train_batch_size} x actor_rollout_ref.rollout.n={n} = "
             f"{d.train_batch_size * n} responses must split evenly over {world_s} = {world} devices"
         )
-    if d.train_batch_size < actor.ppo_mini_batch_size:
-        raise ConfigError(
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} is invalid; expected "
-            f"<= data.train_batch_size={d.train_batch_size} (both count prompts)"
-        )
-    per_device = actor.ppo_mini_batch_size * n // world
-    if per_device < 1:
-        raise ConfigError(
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} x "
-            f"actor_rollout_ref.rollout.n={n} = {actor.ppo_mini_batch_size * n} responses per mini-batch is fewer "
-            f"than the {world} devices ({world_s}); expected at least one response per device"
-        )
-    micro = actor.ppo_micro_batch_size_per_gpu
-    if micro is not None and per_device % micro:
-        raise ConfigError(
-            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro} must divide the per-device mini-batch "
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} x "
-            f"actor_rollout_ref.rollout.n={n} / {world} devices = {per_device} responses; "
-            f"valid: a divisor of {per_device}"
-        )
+    _check_mini_batches(cfg, "actor_rollout_ref.actor", actor.ppo_mini_batch_size, actor.ppo_micro_batch_size_per_gpu)
+    if cfg.algorithm.adv_estimator in schema.CRITIC_ADV_ESTIMATORS:
+        critic = cfg.critic
+        _check_mini_batches(cfg, "critic", critic.ppo_mini_batch_size, critic.ppo_micro_batch_size_per_gpu)
+    if d.gen_batch_size != d.train_batch_size:
+        if not cfg.algorithm.filter_groups.enable:
+            raise ConfigError(
+                f"data.gen_batch_size={d.gen_batch_size} differs from data.train_batch_size={d.train_batch_size} "
+                "but algorithm.filter_groups.enable=False; generation rounds of a different size only make "
+                "sense with DAPO group filtering: set algorithm.filter_groups.enable=True or data.gen_batch_size=null"
+            )
+        if (d.gen_batch_size * n) % world:
+            raise ConfigError(
+                f"data.gen_batch_size={d.gen_batch_size} x actor_rollout_ref.rollout.n={n} = "
+                f"{d.gen_batch_size * n} responses must split evenly over {world_s} = {world} devices"
+            )
     if rollout.max_new_tokens > d.max_response_length:
         raise ConfigError(
             f"actor_rollout_ref.rollout.max_new_tokens={rollout.max_new_tokens} is invalid; expected "
@@ -488,6 +538,33 @@ def _validate_cross(cfg: JaxRLConfig) -> None:
         raise ConfigError(
             "actor_rollout_ref.rollout.val_kwargs.do_sample=True needs "
             f"actor_rollout_ref.rollout.val_kwargs.temperature > 0; got {vk.temperature!r}"
+        )
+
+
+def _check_mini_batches(cfg: JaxRLConfig, section: str, mini: int, micro: Optional[int]) -> None:
+    """verl's mini/micro-batch arithmetic for one trained role (``actor_rollout_ref.actor`` or ``critic``)."""
+    d, t = cfg.data, cfg.trainer
+    n = cfg.actor_rollout_ref.rollout.n
+    world = t.n_gpus_per_node * t.nnodes
+    world_s = f"trainer.n_gpus_per_node={t.n_gpus_per_node} x trainer.nnodes={t.nnodes}"
+    if d.train_batch_size < mini:
+        raise ConfigError(
+            f"{section}.ppo_mini_batch_size={mini} is invalid; expected "
+            f"<= data.train_batch_size={d.train_batch_size} (both count prompts)"
+        )
+    per_device = mini * n // world
+    if per_device < 1:
+        raise ConfigError(
+            f"{section}.ppo_mini_batch_size={mini} x "
+            f"actor_rollout_ref.rollout.n={n} = {mini * n} responses per mini-batch is fewer "
+            f"than the {world} devices ({world_s}); expected at least one response per device"
+        )
+    if micro is not None and per_device % micro:
+        raise ConfigError(
+            f"{section}.ppo_micro_batch_size_per_gpu={micro} must divide the per-device mini-batch "
+            f"{section}.ppo_mini_batch_size={mini} x "
+            f"actor_rollout_ref.rollout.n={n} / {world} devices = {per_device} responses; "
+            f"valid: a divisor of {per_device}"
         )
 
 
@@ -526,7 +603,10 @@ def load_config(config_path: str | Path | None, overrides: Sequence[str] = ()) -
     filled in the returned object: ``data.train_files``/``val_files`` become ``list[str]``;
     ``data.seed`` and ``actor_rollout_ref.rollout.seed`` null -> ``trainer.seed``;
     ``actor.clip_ratio_low``/``clip_ratio_high`` null -> ``actor.clip_ratio``;
-    ``rollout.max_new_tokens`` null -> ``data.max_response_length``.
+    ``rollout.max_new_tokens`` null -> ``data.max_response_length``; ``data.gen_batch_size`` null ->
+    ``data.train_batch_size``; ``critic.model.{enable_gradient_checkpointing,dtype,param_dtype}`` null ->
+    ``actor_rollout_ref.model``'s; ``critic.ppo_mini_batch_size``/``ppo_epochs`` null -> the actor's;
+    ``critic.forward_micro_batch_size_per_gpu`` null -> ``critic.ppo_micro_batch_size_per_gpu``.
 
     Raises:
       ConfigError: see :func:`load_config_with_notes`.

@@ -21,22 +21,39 @@ from omegaconf import II
 
 # ---------------------------------------------------------------------------------------------
 # Valid choices (kept here, beside the fields, so the loader and the docs read one list).
-# The KL and loss-aggregation lists equal jaxrl.algorithms.kl.KL_PENALTIES / agg.LOSS_AGG_MODES
-# (a test checks it); they are repeated so loading a config never imports jax.
+# The KL, loss-aggregation, advantage-estimator and policy-loss lists equal the registries in
+# jaxrl.algorithms (KL_PENALTIES [+ straight-through + "full"], LOSS_AGG_MODES,
+# registered_adv_estimators(), registered_policy_losses(); a test checks it); they are repeated so
+# loading a config never imports jax.
 # ---------------------------------------------------------------------------------------------
 TRUNCATION_CHOICES: tuple[str, ...] = ("error", "left", "right")
 DTYPE_CHOICES: tuple[str, ...] = ("float32", "bfloat16")
 LR_SCHEDULER_CHOICES: tuple[str, ...] = ("constant", "cosine")
 KL_PENALTY_CHOICES: tuple[str, ...] = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+# actor.kl_loss_type also takes the straight-through "+" variants (value of the estimator, gradient of
+# k2) and "full" (exact KL over the vocabulary); algorithm.kl_penalty (no gradient) takes only the above.
+KL_LOSS_TYPE_CHOICES: tuple[str, ...] = KL_PENALTY_CHOICES + tuple(k + "+" for k in KL_PENALTY_CHOICES) + ("full",)
 LOSS_AGG_MODE_CHOICES: tuple[str, ...] = (
     "token-mean",
     "seq-mean-token-mean",
     "seq-mean-token-sum",
     "seq-mean-token-sum-norm",
 )
-POLICY_LOSS_MODE_CHOICES: tuple[str, ...] = ("vanilla",)
+POLICY_LOSS_MODE_CHOICES: tuple[str, ...] = ("vanilla", "gspo", "cispo", "clip_cov", "kl_cov", "gpg")
 ROLLOUT_NAME_CHOICES: tuple[str, ...] = ("jax", "vllm", "jetstream")
-ADV_ESTIMATOR_CHOICES: tuple[str, ...] = ("grpo",)
+ADV_ESTIMATOR_CHOICES: tuple[str, ...] = (
+    "gae",
+    "grpo",
+    "rloo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "remax",
+    "grpo_passk",
+    "opo",
+    "gpg",
+)
+CRITIC_ADV_ESTIMATORS: tuple[str, ...] = ("gae",)  # estimators that need critic values (build the critic)
+FILTER_GROUPS_METRIC_CHOICES: tuple[str, ...] = ("acc", "score", "seq_reward", "seq_final_reward")
 KL_CTRL_TYPE_CHOICES: tuple[str, ...] = ("fixed", "adaptive")
 LOGGER_CHOICES: tuple[str, ...] = ("console", "jsonl", "tensorboard", "wandb")
 REWARD_MANAGER_CHOICES: tuple[str, ...] = ("naive",)
@@ -50,6 +67,7 @@ class DataConfig:
     train_files: Any = "~/data/rlhf/gsm8k/train.parquet"  # str or list[str] (parquet/jsonl/jaxrl://builtin)
     val_files: Any = "~/data/rlhf/gsm8k/test.parquet"  # str or list[str], or null = no validation set
     train_batch_size: int = 1024  # prompts per RL step (each gets rollout.n responses)
+    gen_batch_size: Optional[int] = None  # DAPO: prompts per generation round; null = train_batch_size (filled)
     val_batch_size: Optional[int] = None  # prompts per validation generate call; null = whole val set in one pass
     val_max_samples: int = -1  # jaxrl: validate on the first N val prompts; -1 = all
     train_max_samples: int = -1  # use at most N train prompts (random subset, seeded); -1 = all
@@ -94,7 +112,12 @@ class OptimConfig:
 class PolicyLossConfig:
     """``actor_rollout_ref.actor.policy_loss.*``."""
 
-    loss_mode: str = "vanilla"  # "vanilla" = PPO clipped surrogate with dual clip (verl compute_policy_loss)
+    loss_mode: str = "vanilla"  # vanilla (PPO clip, dual clip) | gspo | cispo | clip_cov | kl_cov | gpg
+    clip_cov_ratio: float = 0.0002  # clip_cov: fraction of valid tokens whose gradient is cut, in (0, 1]
+    clip_cov_lb: float = 1.0  # clip_cov: lower bound of the covariance band of candidate tokens
+    clip_cov_ub: float = 5.0  # clip_cov: upper bound of that band (> clip_cov_lb)
+    kl_cov_ratio: float = 0.0002  # kl_cov: fraction of valid tokens that get the KL penalty, in (0, 1]
+    ppo_kl_coef: float = 0.1  # kl_cov: coefficient of the |log-ratio| penalty (verl PolicyLossConfig default)
 
 
 @dataclass
@@ -109,7 +132,7 @@ class ActorConfig:
     shuffle: bool = False  # shuffle responses before splitting into mini-batches
     use_kl_loss: bool = False  # add kl_loss_coef * KL(pi || ref) to the loss (GRPO style)
     kl_loss_coef: float = 0.001  # weight of the KL loss
-    kl_loss_type: str = "low_var_kl"  # KL estimator: kl/k1, abs, mse/k2, low_var_kl/k3
+    kl_loss_type: str = "low_var_kl"  # kl/k1, abs, mse/k2, low_var_kl/k3, their "+" straight-through forms, full
     entropy_coeff: float = 0.0  # entropy bonus weight (loss -= entropy_coeff * entropy)
     clip_ratio: float = 0.2  # PPO clip epsilon (fallback for clip_ratio_low/high)
     clip_ratio_low: Optional[float] = 0.2  # lower clip epsilon; null = clip_ratio (filled by the loader)
@@ -117,6 +140,7 @@ class ActorConfig:
     clip_ratio_c: float = 3.0  # dual-clip constant for negative advantages, > 1
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)  # policy-loss section
+    tis_imp_ratio_cap: float = -1.0  # truncated importance sampling cap on pi_old/pi_rollout per token; -1 = off
 
 
 @dataclass
@@ -181,16 +205,55 @@ class KLControlConfig:
 
 
 @dataclass
-class AlgorithmConfig:
-    """``algorithm.*``: advantage estimation and KL-in-reward."""
+class FilterGroupsConfig:
+    """``algorithm.filter_groups.*``: DAPO dynamic sampling (drop prompt groups whose responses all score alike)."""
 
-    adv_estimator: str = "grpo"  # "grpo" (verl defaults to gae, which needs a critic jaxrl does not have yet)
+    enable: bool = False  # keep generating until data.train_batch_size prompts with a non-constant metric remain
+    metric: str = "acc"  # acc | score | seq_reward | seq_final_reward ("acc" uses score when the reward has no acc)
+    max_num_gen_batches: int = 0  # give up after this many generation rounds per step; 0 = unlimited
+
+
+@dataclass
+class AlgorithmConfig:
+    """``algorithm.*``: advantage estimation, KL-in-reward and DAPO group filtering."""
+
+    # gae (PPO: needs the critic) | grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | remax |
+    # grpo_passk | opo | gpg. verl defaults to gae; jaxrl keeps grpo so critic-free runs need no critic section.
+    adv_estimator: str = "grpo"
     norm_adv_by_std_in_grpo: bool = True  # divide group-centred scores by the group std (False = Dr. GRPO)
     use_kl_in_reward: bool = False  # subtract kl_ctrl.kl_coef * KL(pi || ref) from token rewards
     gamma: float = 1.0  # discount (GAE/returns)
     lam: float = 1.0  # GAE lambda
-    kl_penalty: str = "kl"  # KL estimator for the in-reward penalty (same choices as kl_loss_type)
+    kl_penalty: str = "kl"  # KL estimator for the in-reward penalty: kl/k1, abs, mse/k2, low_var_kl/k3
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)  # KL controller section
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)  # DAPO dynamic sampling section
+
+
+# ----------------------------------------------------------------------------------- critic
+@dataclass
+class CriticModelConfig:
+    """``critic.model.*``: the value model (a decoder backbone plus a scalar value head)."""
+
+    path: Optional[str] = None  # null = backbone initialised from the actor's model (verl needs an explicit path)
+    enable_gradient_checkpointing: Optional[bool] = None  # null = actor_rollout_ref.model's value (filled)
+    dtype: Optional[str] = None  # compute dtype "float32" | "bfloat16"; null = actor_rollout_ref.model.dtype (filled)
+    param_dtype: Optional[str] = None  # master param dtype; null = actor_rollout_ref.model.param_dtype (filled)
+
+
+@dataclass
+class CriticConfig:
+    """``critic.*``: the PPO value function (used when algorithm.adv_estimator=gae); batch sizes in prompts."""
+
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)  # value model section
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))  # optimizer section (verl critic lr 1e-5)
+    ppo_mini_batch_size: Optional[int] = None  # prompts per critic update (x rollout.n); null = actor's (filled)
+    ppo_micro_batch_size_per_gpu: Optional[int] = None  # responses per device per fwd/bwd; null = whole mini-batch
+    forward_micro_batch_size_per_gpu: Optional[int] = None  # responses per value forward; null = the above (filled)
+    ppo_epochs: Optional[int] = None  # passes over each RL batch; null = actor's (filled)
+    shuffle: bool = False  # shuffle responses before splitting into mini-batches
+    cliprange_value: float = 0.5  # value clipping half-width around the rollout-time values, >= 0
+    grad_clip: float = 1.0  # max global gradient norm; <= 0 disables clipping
+    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
 
 
 # ---------------------------------------------------------------------------------- trainer
@@ -209,12 +272,28 @@ class TrainerConfig:
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"  # checkpoints + logs
     n_gpus_per_node: int = 8  # accelerator devices per host (data-parallel world = this x nnodes)
     nnodes: int = 1  # hosts
-    critic_warmup: int = 0  # steps that update only the critic before the actor (no critic yet: keep 0)
+    critic_warmup: int = 0  # steps at the start of training that update only the critic (the actor waits)
     seed: int = 1  # jaxrl: global seed (data shuffle and sampling default to it)
     log_val_generations: int = 0  # number of validation samples (prompt, response, score) to log
 
 
 # ------------------------------------------------------------------------------ rewards
+@dataclass
+class OverlongBufferConfig:
+    """``reward_model.overlong_buffer.*``: DAPO soft overlong punishment.
+
+    A response of ``L`` tokens gets ``min(0, -(L - (max_response_length - len)) / len * penalty_factor)``
+    added to its score: 0 up to ``max_response_length - len`` tokens, then linearly down to
+    ``-penalty_factor`` at ``max_response_length``.
+    """
+
+    enable: bool = False  # add the overlong penalty to every score
+    # len / penalty_factor defaults are the DAPO recipe's (verl's yaml has placeholders 0 / 0.0).
+    len: int = 4096  # buffer length in tokens; in [1, data.max_response_length] when enabled
+    penalty_factor: float = 1.0  # penalty at the full response length, >= 0
+    log: bool = False  # also log the penalty per response (reward extra info)
+
+
 @dataclass
 class RewardModelConfig:
     """``reward_model.*``: reward scoring (rule-based; a model RM is a later feature)."""
@@ -223,6 +302,7 @@ class RewardModelConfig:
     reward_manager: str = "naive"  # how scores are computed per sample: "naive" (one call per response)
     timeout_s: float = 30.0  # jaxrl: per-call reward-function timeout in seconds
     num_workers: int = 1  # jaxrl: parallel scoring workers (1 = score in the trainer process)
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # DAPO overlong section
 
 
 @dataclass
@@ -236,10 +316,11 @@ class CustomRewardFunctionConfig:
 # ------------------------------------------------------------------------------- top level
 @dataclass
 class JaxRLConfig:
-    """The whole run config (verl's top-level sections; ``critic`` is not modelled yet)."""
+    """The whole run config (verl's top-level sections)."""
 
     data: DataConfig = field(default_factory=DataConfig)  # datasets and lengths
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)  # policy side
+    critic: CriticConfig = field(default_factory=CriticConfig)  # value function (PPO / gae)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)  # advantage + KL-in-reward
     trainer: TrainerConfig = field(default_factory=TrainerConfig)  # loop, cadence, logging
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)  # reward scoring

@@ -13,7 +13,7 @@ SENTIMENT_SOURCES = ("tinystories/sentiment",)
 KNOWN_DATA_SOURCES = GSM8K_SOURCES + SENTIMENT_SOURCES
 
 
-def default_compute_score(data_source: str, solution_str: str, ground_truth, extra_info=None) -> float:
+def default_compute_score(data_source: str, solution_str: str, ground_truth, extra_info=None) -> dict[str, float]:
     """Score one response by its data source, like verl's ``default_compute_score``.
 
     Dispatch:
@@ -28,16 +28,20 @@ def default_compute_score(data_source: str, solution_str: str, ground_truth, ext
         extra_info: the row's ``extra_info`` (unused by these scorers; part of verl's signature).
 
     Returns:
-        float score.
+        ``{"score": float, "acc": float}``: ``acc`` is 1.0 for a correct GSM8K answer and, for the sentiment task,
+        for a story at least :data:`jaxrl.rewards.sentiment.HAPPY_THRESHOLD` happy (DAPO's dynamic sampling
+        filters groups on ``acc`` by default, as verl's DAPO reward does).
 
     Raises:
         NotImplementedError: unknown ``data_source`` (the message lists the known ones and points to
             ``custom_reward_function``).
     """
     if data_source in GSM8K_SOURCES:
-        return float(gsm8k.compute_score(solution_str, ground_truth))
+        score = float(gsm8k.compute_score(solution_str, ground_truth))
+        return {"score": score, "acc": float(score == 1.0)}
     if data_source in SENTIMENT_SOURCES:
-        return float(sentiment.compute_score(solution_str))
+        score = float(sentiment.compute_score(solution_str))
+        return {"score": score, "acc": float(score >= sentiment.HAPPY_THRESHOLD)}
     raise NotImplementedError(
         f"no built-in reward for data_source={data_source!r}; known data sources: "
         f"{list(KNOWN_DATA_SOURCES)} (for others, set custom_reward_function.path/name)"

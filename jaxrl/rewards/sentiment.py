@@ -142,6 +142,9 @@ def count_sentiment(text: str) -> tuple[int, int]:
     return pos, neg
 
 
+HAPPY_THRESHOLD = 0.5  # a story scoring at least this counts as "happy" (the task's accuracy, ``acc``)
+
+
 def compute_score(solution_str: str) -> float:
     """Happiness of a story continuation: ``clip((pos - neg) / 4, -1, 1)``, a float in ``[-1, 1]``.
 

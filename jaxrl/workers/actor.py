@@ -15,6 +15,7 @@ exactly the full-mini-batch gradient.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from functools import partial
 
@@ -25,7 +26,9 @@ import optax
 from flax import nnx
 
 from jaxrl.algorithms import agg_loss, entropy_from_logits, get_policy_loss, kl_penalty, log_probs_from_logits
+from jaxrl.algorithms.policy_loss import tis_weights
 from jaxrl.batch import RLBatch
+from jaxrl.workers.microbatch import pad_rows, row_chunks, stack_micro
 from jaxrl.workers.optim import make_optimizer
 
 
@@ -48,12 +51,16 @@ def _forward_response(graphdef, params, input_ids, positions, attention_mask, pr
     return logits.astype(jnp.float32) / temperature
 
 
-def _pad_rows(arr: np.ndarray, rows: int) -> np.ndarray:
-    """Pad ``arr`` along axis 0 with zeros up to ``rows``."""
-    if arr.shape[0] == rows:
-        return arr
-    pad = np.zeros((rows - arr.shape[0],) + arr.shape[1:], dtype=arr.dtype)
-    return np.concatenate([arr, pad], axis=0)
+def _loss_options(policy_loss_cfg) -> tuple:
+    """The policy loss's own options (``actor.policy_loss.*`` except ``loss_mode``) as a hashable tuple."""
+    fields = dataclasses.asdict(policy_loss_cfg) if dataclasses.is_dataclass(policy_loss_cfg) else vars(policy_loss_cfg)
+    return tuple(sorted((k, v) for k, v in fields.items() if k != "loss_mode"))
+
+
+def _supported(fn, options: dict) -> dict:
+    """The subset of ``options`` that ``fn`` declares as keyword parameters."""
+    params = inspect.signature(fn).parameters
+    return {k: v for k, v in options.items() if k in params}
 
 
 class LogProbComputer:
@@ -84,17 +91,15 @@ class LogProbComputer:
         ids, pos, mask = batch.input_ids(), batch.positions(), batch.attention_mask()
         mb = self.micro_batch_size
         outs_lp, outs_ent = [], []
-        for start in range(0, batch.size, mb):
-            sl = slice(start, start + mb)
+        for sl, n in row_chunks(batch.size, mb):
             lp, ent = self._fn(
                 params,
-                _pad_rows(ids[sl], mb),
-                _pad_rows(pos[sl], mb),
-                _pad_rows(mask[sl], mb),
-                _pad_rows(batch.response_ids[sl], mb),
+                pad_rows(ids[sl], mb),
+                pad_rows(pos[sl], mb),
+                pad_rows(mask[sl], mb),
+                pad_rows(batch.response_ids[sl], mb),
                 prompt_width=batch.prompt_width,
             )
-            n = min(mb, batch.size - start)
             outs_lp.append(np.asarray(lp)[:n])
             outs_ent.append(np.asarray(ent)[:n])
         rmask = batch.response_mask.astype(np.float32)
@@ -114,6 +119,8 @@ class PolicyLossConfig:
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
+    tis_imp_ratio_cap: float = -1.0  # > 0: truncated importance sampling against the rollout engine's log-probs
+    options: tuple = ()  # the loss's own options, ((name, value), ...) from actor.policy_loss
 
 
 class ActorWorker:
@@ -127,6 +134,8 @@ class ActorWorker:
       log_prob_micro_batch_size: rows per call when recomputing old log-probs.
       total_training_steps: RL steps in the run (learning-rate schedule).
       seed: for mini-batch shuffling when ``actor.shuffle`` is true.
+      ref_params: the frozen reference policy; required for ``kl_loss_type="full"`` (the exact KL needs the
+        reference's whole distribution inside the loss), unused otherwise.
     """
 
     def __init__(
@@ -140,12 +149,17 @@ class ActorWorker:
         log_prob_micro_batch_size: int,
         total_training_steps: int,
         seed: int = 0,
+        ref_params=None,
     ):
         self.graphdef = graphdef
         self.params = params
         self.cfg = actor_cfg
         self.mini_batch_rows = actor_cfg.ppo_mini_batch_size * rollout_n
         self.micro_batch_rows = actor_cfg.ppo_micro_batch_size_per_gpu
+        # The reference params, needed inside the loss only for the exact ("full") KL over the vocabulary.
+        self.ref_params = ref_params if actor_cfg.use_kl_loss and actor_cfg.kl_loss_type == "full" else None
+        if actor_cfg.use_kl_loss and actor_cfg.kl_loss_type == "full" and ref_params is None:
+            raise ValueError("actor.kl_loss_type='full' needs the reference params (ref_params=...)")
         if self.mini_batch_rows % self.micro_batch_rows:
             raise ValueError(
                 f"ppo_mini_batch_size*rollout.n = {self.mini_batch_rows} must be divisible by "
@@ -162,6 +176,8 @@ class ActorWorker:
             use_kl_loss=actor_cfg.use_kl_loss,
             kl_loss_coef=actor_cfg.kl_loss_coef,
             kl_loss_type=actor_cfg.kl_loss_type,
+            tis_imp_ratio_cap=actor_cfg.tis_imp_ratio_cap,
+            options=_loss_options(actor_cfg.policy_loss),
         )
         self._policy_loss = get_policy_loss(self.loss_cfg.loss_mode)
         self._rng = np.random.default_rng(seed)
@@ -194,7 +210,7 @@ class ActorWorker:
         """``(old_log_probs, entropy)`` float32 ``[N, R]`` under the current params."""
         return self.log_prob(self.params, batch)
 
-    def _micro_loss(self, params, micro, num_tokens, num_seqs, prompt_width):
+    def _micro_loss(self, params, micro, num_tokens, num_seqs, prompt_width, ref_params=None):
         c = self.loss_cfg
         logits = _forward_response(
             self.graphdef, params, micro["input_ids"], micro["positions"], micro["attention_mask"], prompt_width,
@@ -203,10 +219,14 @@ class ActorWorker:
         mask = micro["response_mask"]
         log_prob = log_probs_from_logits(logits, micro["response_ids"])
         norms = dict(num_tokens=num_tokens, num_seqs=num_seqs)
+        is_weights = None
+        if c.tis_imp_ratio_cap > 0:
+            is_weights = tis_weights(micro["old_log_probs"], micro["rollout_log_probs"], c.tis_imp_ratio_cap)
         pg_loss, pg_metrics = self._policy_loss(
             micro["old_log_probs"], log_prob, micro["advantages"], mask,
             clip_ratio_low=c.clip_ratio_low, clip_ratio_high=c.clip_ratio_high, clip_ratio_c=c.clip_ratio_c,
-            loss_agg_mode=c.loss_agg_mode, **norms,
+            loss_agg_mode=c.loss_agg_mode, rollout_is_weights=is_weights, **norms,
+            **_supported(self._policy_loss, dict(c.options)),
         )
         entropy = entropy_from_logits(logits)
         if c.entropy_coeff == 0:
@@ -214,7 +234,17 @@ class ActorWorker:
         entropy_loss = agg_loss(entropy, mask, c.loss_agg_mode, **norms)
         loss = pg_loss - c.entropy_coeff * entropy_loss
         metrics = {"actor/pg_loss": pg_loss, "actor/entropy": entropy_loss}
-        if c.use_kl_loss:
+        if c.use_kl_loss and c.kl_loss_type == "full":
+            # Exact KL over the vocabulary: the reference's whole distribution, recomputed on this micro-batch.
+            ref_logits = jax.lax.stop_gradient(_forward_response(
+                self.graphdef, ref_params, micro["input_ids"], micro["positions"], micro["attention_mask"],
+                prompt_width, self.temperature,
+            ))
+            kld = kl_penalty(jax.nn.log_softmax(logits, -1), jax.nn.log_softmax(ref_logits, -1), "full")
+            kl_loss = agg_loss(kld, mask, c.loss_agg_mode, **norms)
+            loss = loss + c.kl_loss_coef * kl_loss
+            metrics["actor/kl_loss"] = kl_loss
+        elif c.use_kl_loss:
             kld = kl_penalty(log_prob, micro["ref_log_probs"], c.kl_loss_type)
             kl_loss = agg_loss(kld, mask, c.loss_agg_mode, **norms)
             loss = loss + c.kl_loss_coef * kl_loss
@@ -224,7 +254,7 @@ class ActorWorker:
         weighted = {f"actor/{k}": v * tokens for k, v in pg_metrics.items()}
         return loss, (metrics, weighted, tokens)
 
-    def accumulate_grads(self, params, minibatch, num_tokens, num_seqs, *, prompt_width):
+    def accumulate_grads(self, params, minibatch, num_tokens, num_seqs, *, prompt_width, ref_params=None):
         """Gradient of the mini-batch loss, accumulated over its micro-batches with ``lax.scan``.
 
         Args:
@@ -240,7 +270,9 @@ class ActorWorker:
 
         def body(carry, micro):
             grads_acc, sums, wsums, tok = carry
-            (_, (metrics, weighted, tokens)), grads = grad_fn(params, micro, num_tokens, num_seqs, prompt_width)
+            (_, (metrics, weighted, tokens)), grads = grad_fn(
+                params, micro, num_tokens, num_seqs, prompt_width, ref_params
+            )
             grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
             sums = jax.tree.map(jnp.add, sums, metrics)
             wsums = jax.tree.map(jnp.add, wsums, weighted)
@@ -248,7 +280,8 @@ class ActorWorker:
 
         first = jax.tree.map(lambda x: x[0], minibatch)
         _, (m0, w0, _) = jax.eval_shape(
-            lambda p, m, t, s: self._micro_loss(p, m, t, s, prompt_width), params, first, num_tokens, num_seqs
+            lambda p, m, t, s, r: self._micro_loss(p, m, t, s, prompt_width, r),
+            params, first, num_tokens, num_seqs, ref_params,
         )
         zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)  # noqa: E731
         init = (jax.tree.map(jnp.zeros_like, params), zeros(m0), zeros(w0), jnp.zeros((), jnp.float32))
@@ -257,9 +290,11 @@ class ActorWorker:
         metrics.update({k: v / jnp.maximum(tok, 1.0) for k, v in wsums.items()})
         return grads, metrics
 
-    def _update_minibatch(self, params, opt_state, minibatch, num_tokens, num_seqs, *, prompt_width):
+    def _update_minibatch(self, params, opt_state, minibatch, num_tokens, num_seqs, ref_params, *, prompt_width):
         """One optimizer update from a mini-batch stacked as ``[num_micro, micro_rows, ...]``."""
-        grads, metrics = self.accumulate_grads(params, minibatch, num_tokens, num_seqs, prompt_width=prompt_width)
+        grads, metrics = self.accumulate_grads(
+            params, minibatch, num_tokens, num_seqs, prompt_width=prompt_width, ref_params=ref_params
+        )
         grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(grad_norm)
         updates, new_opt_state = self._tx.update(grads, opt_state, params)
@@ -282,17 +317,12 @@ class ActorWorker:
             "old_log_probs": batch.old_log_probs,
             "advantages": batch.advantages,
             "ref_log_probs": batch.ref_log_probs if batch.ref_log_probs is not None else batch.old_log_probs,
+            "rollout_log_probs": (
+                batch.rollout_log_probs if batch.rollout_log_probs is not None else batch.old_log_probs
+            ),
         }
 
-    @staticmethod
-    def stack_micro(arrays: dict[str, np.ndarray], idx: np.ndarray, mini_rows: int, micro_rows: int):
-        """Rows ``idx`` padded to ``mini_rows`` and reshaped ``[mini_rows // micro_rows, micro_rows, ...]``,
-        plus the mini-batch's loss normalisers ``(num_tokens, num_seqs)``."""
-        mb = {k: _pad_rows(v[idx], mini_rows) for k, v in arrays.items()}
-        num_tokens = np.float32(max(mb["response_mask"].sum(), 1.0))
-        num_seqs = np.float32(len(idx))
-        n_micro = mini_rows // micro_rows
-        return {k: v.reshape((n_micro, micro_rows) + v.shape[1:]) for k, v in mb.items()}, num_tokens, num_seqs
+    stack_micro = staticmethod(stack_micro)
 
     def update(self, batch: RLBatch) -> dict[str, float]:
         """Run ``ppo_epochs`` passes of mini-batch updates over ``batch``; returns averaged metrics.
@@ -314,7 +344,8 @@ class ActorWorker:
                 idx = order[start : start + mini]
                 stacked, num_tokens, num_seqs = self.stack_micro(arrays, idx, mini, micro)
                 self.params, self.opt_state, metrics = self._update_fn(
-                    self.params, self.opt_state, stacked, num_tokens, num_seqs, prompt_width=batch.prompt_width
+                    self.params, self.opt_state, stacked, num_tokens, num_seqs, self.ref_params,
+                    prompt_width=batch.prompt_width,
                 )
                 history.append(metrics)
                 self.num_updates += 1

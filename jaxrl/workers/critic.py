@@ -42,7 +42,7 @@ def forward_response_values(graphdef, params, input_ids, positions, attention_ma
     model = nnx.merge(graphdef, params)
     values = model(input_ids, positions, attention_mask)
     r = input_ids.shape[1] - prompt_width
-    return jax.lax.dynamic_slice_in_dim(values, prompt_width, r - 0, axis=1)
+    return jax.lax.dynamic_slice_in_dim(values, prompt_width - 1, r, axis=1)
 
 
 class CriticWorker:

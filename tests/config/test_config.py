@@ -110,7 +110,8 @@ def test_every_config_validates_and_round_trips(path, tmp_path):
 
 def test_expected_configs_exist():
     names = {p.name for p in CONFIGS}
-    assert {"quickstart.yaml", "gsm8k_grpo_smollm2_135m.yaml", "grpo_gsm8k_qwen3_1.7b.yaml"} <= names
+    assert {"quickstart.yaml", "gsm8k_grpo_smollm2_135m.yaml", "grpo_gsm8k_qwen3_1.7b.yaml",
+            "ppo_quickstart.yaml", "dapo_quickstart.yaml"} <= names
 
 
 def test_shared_dir_expands_in_paths(monkeypatch, tmp_path):
@@ -194,7 +195,15 @@ def test_wrong_type_in_yaml_names_file(tmp_path):
     ("actor_rollout_ref.rollout.name=hf", ["'jax'", "'vllm'", "'jetstream'"]),
     ("actor_rollout_ref.actor.kl_loss_type=k4", ["'low_var_kl'", "'k3'", "'abs'"]),
     ("actor_rollout_ref.actor.loss_agg_mode=sum", ["'token-mean'", "'seq-mean-token-sum-norm'"]),
-    ("algorithm.adv_estimator=gae", ["'grpo'"]),
+    ("algorithm.adv_estimator=ppo", ["'gae'", "'grpo'", "'reinforce_plus_plus_baseline'", "'gpg'"]),
+    ("actor_rollout_ref.actor.policy_loss.loss_mode=clip-cov", ["'vanilla'", "'clip_cov'", "'kl_cov'", "'gspo'"]),
+    ("actor_rollout_ref.actor.kl_loss_type=k5+", ["'low_var_kl+'", "'k3+'", "'full'"]),
+    ("algorithm.kl_penalty=full", ["'kl'", "'low_var_kl'"]),
+    ("algorithm.kl_ctrl.type=pid", ["'fixed'", "'adaptive'"]),
+    ("algorithm.filter_groups.metric=reward", ["'acc'", "'score'", "'seq_reward'", "'seq_final_reward'"]),
+    ("critic.loss_agg_mode=sum", ["'token-mean'", "'seq-mean-token-sum-norm'"]),
+    ("critic.model.dtype=float16", ["'float32'", "'bfloat16'"]),
+    ("critic.optim.lr_scheduler_type=linear", ["'constant'", "'cosine'"]),
     ("actor_rollout_ref.model.dtype=float16", ["'float32'", "'bfloat16'"]),
     ("actor_rollout_ref.actor.optim.lr_scheduler_type=linear", ["'constant'", "'cosine'"]),
     ("trainer.logger=[console,mlflow]", ["'console'", "'jsonl'"]),
@@ -218,6 +227,22 @@ def test_bad_choice_names_valid_values(override, valid):
     ("algorithm.gamma=1.5", "[0.0, 1.0]"),
     ("actor_rollout_ref.rollout.max_new_tokens=600", "data.max_response_length=512"),
     ("custom_reward_function.name=not-a-name", "Python function name"),
+    ("critic.optim.lr=0", "(0.0, inf)"),
+    ("critic.optim.betas=[0.9,1.0]", "two numbers"),
+    ("critic.cliprange_value=-0.1", "[0.0, inf)"),
+    ("critic.ppo_epochs=0", "an int >= 1"),
+    ("critic.ppo_micro_batch_size_per_gpu=0", "an int >= 1 or null"),
+    ("critic.forward_micro_batch_size_per_gpu=0", "an int >= 1 or null"),
+    ("critic.model.path=''", "a non-empty string or null"),
+    ("actor_rollout_ref.actor.tis_imp_ratio_cap=0", "> 0, or -1 (off)"),
+    ("actor_rollout_ref.actor.tis_imp_ratio_cap=-2", "> 0, or -1 (off)"),
+    ("actor_rollout_ref.actor.policy_loss.clip_cov_ratio=0", "(0.0, 1.0]"),
+    ("actor_rollout_ref.actor.policy_loss.kl_cov_ratio=1.5", "(0.0, 1.0]"),
+    ("actor_rollout_ref.actor.policy_loss.clip_cov_ub=0.5", "clip_cov_lb=1.0"),
+    ("actor_rollout_ref.actor.policy_loss.ppo_kl_coef=-1", "[0.0, inf)"),
+    ("algorithm.filter_groups.max_num_gen_batches=-1", "an int >= 0"),
+    ("data.gen_batch_size=0", "an int >= 1"),
+    ("reward_model.overlong_buffer.penalty_factor=-1", "[0.0, inf)"),
 ])
 def test_range_errors(override, expected):
     msg = _error(None, [override])
@@ -237,10 +262,162 @@ def test_validation_needs_val_files():
 
 
 def test_choice_lists_match_the_algorithms():
-    from jaxrl.algorithms import LOSS_AGG_MODES, KL_PENALTIES
+    from jaxrl.algorithms import (
+        KL_CTRL_TYPES,
+        KL_PENALTIES,
+        KL_PENALTIES_STRAIGHT_THROUGH,
+        KL_PENALTY_FULL,
+        LOSS_AGG_MODES,
+        registered_adv_estimators,
+        registered_policy_losses,
+    )
 
     assert schema.KL_PENALTY_CHOICES == tuple(KL_PENALTIES)
+    kl_loss_types = tuple(KL_PENALTIES) + tuple(KL_PENALTIES_STRAIGHT_THROUGH) + (KL_PENALTY_FULL,)
+    assert schema.KL_LOSS_TYPE_CHOICES == kl_loss_types
     assert schema.LOSS_AGG_MODE_CHOICES == tuple(LOSS_AGG_MODES)
+    assert schema.KL_CTRL_TYPE_CHOICES == tuple(KL_CTRL_TYPES)
+    for choices, registry in ((schema.ADV_ESTIMATOR_CHOICES, registered_adv_estimators()),
+                              (schema.POLICY_LOSS_MODE_CHOICES, registered_policy_losses())):
+        assert sorted(choices) == sorted(registry) and len(set(choices)) == len(choices)
+    assert set(schema.CRITIC_ADV_ESTIMATORS) <= set(schema.ADV_ESTIMATOR_CHOICES)
+
+
+# ------------------------------------------------------------------------- algorithm catalogue
+@pytest.mark.parametrize("estimator", schema.ADV_ESTIMATOR_CHOICES)
+def test_every_adv_estimator_loads(estimator):
+    assert load_config(None, [f"algorithm.adv_estimator={estimator}"]).algorithm.adv_estimator == estimator
+
+
+@pytest.mark.parametrize("mode", schema.POLICY_LOSS_MODE_CHOICES)
+def test_every_policy_loss_mode_loads(mode):
+    cfg = load_config(None, [f"actor_rollout_ref.actor.policy_loss.loss_mode={mode}"])
+    assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == mode
+
+
+def test_policy_loss_and_tis_defaults_follow_verl():
+    a = load_config(None).actor_rollout_ref.actor
+    pl = a.policy_loss
+    assert (pl.clip_cov_ratio, pl.clip_cov_lb, pl.clip_cov_ub) == (0.0002, 1.0, 5.0)
+    assert (pl.kl_cov_ratio, pl.ppo_kl_coef) == (0.0002, 0.1)
+    assert a.tis_imp_ratio_cap == -1
+    cfg = load_config(None, ["actor_rollout_ref.actor.tis_imp_ratio_cap=2.0",
+                             "actor_rollout_ref.actor.kl_loss_type=k3+",
+                             "actor_rollout_ref.actor.policy_loss.clip_cov_ub=7.5"])
+    assert cfg.actor_rollout_ref.actor.tis_imp_ratio_cap == 2.0
+    assert cfg.actor_rollout_ref.actor.kl_loss_type == "k3+"
+    assert cfg.actor_rollout_ref.actor.policy_loss.clip_cov_ub == 7.5
+    full = load_config(None, ["actor_rollout_ref.actor.kl_loss_type=full"])
+    assert full.actor_rollout_ref.actor.kl_loss_type == "full"
+
+
+def test_kl_ctrl_keys():
+    cfg = load_config(None, ["algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.target_kl=0.05",
+                             "algorithm.kl_ctrl.horizon=500", "algorithm.kl_ctrl.kl_coef=0.2",
+                             "algorithm.use_kl_in_reward=True", "algorithm.kl_penalty=low_var_kl"])
+    k = cfg.algorithm.kl_ctrl
+    assert (k.type, k.target_kl, k.horizon, k.kl_coef) == ("adaptive", 0.05, 500, 0.2)
+    assert "algorithm.kl_ctrl.target_kl=0" in _error(None, ["algorithm.kl_ctrl.target_kl=0"])
+
+
+# ------------------------------------------------------------------------------------- critic
+def test_critic_defaults_follow_verl_and_the_actor():
+    cfg = load_config(None, ["actor_rollout_ref.actor.ppo_mini_batch_size=64", "actor_rollout_ref.actor.ppo_epochs=2",
+                             "actor_rollout_ref.model.dtype=float32", "actor_rollout_ref.model.param_dtype=bfloat16",
+                             "actor_rollout_ref.model.enable_gradient_checkpointing=False"])
+    c = cfg.critic
+    assert (c.optim.lr, c.optim.weight_decay, c.cliprange_value, c.grad_clip) == (1e-5, 0.01, 0.5, 1.0)
+    assert (c.loss_agg_mode, c.shuffle, c.model.path) == ("token-mean", False, None)
+    assert (c.ppo_mini_batch_size, c.ppo_epochs) == (64, 2)  # null -> the actor's
+    assert (c.model.dtype, c.model.param_dtype, c.model.enable_gradient_checkpointing) == ("float32", "bfloat16", False)
+    assert c.ppo_micro_batch_size_per_gpu is None and c.forward_micro_batch_size_per_gpu is None
+    assert cfg.actor_rollout_ref.actor.optim.lr == 1e-6  # the critic's optim section is its own
+
+
+def test_critic_explicit_values_win():
+    cfg = load_config(None, ["critic.ppo_mini_batch_size=32", "critic.ppo_micro_batch_size_per_gpu=8",
+                             "critic.ppo_epochs=3", "critic.model.path=/m/critic", "critic.model.dtype=float32",
+                             "critic.optim.lr=1e-3", "critic.cliprange_value=0.2", "critic.shuffle=True"])
+    c = cfg.critic
+    assert (c.ppo_mini_batch_size, c.ppo_micro_batch_size_per_gpu, c.forward_micro_batch_size_per_gpu) == (32, 8, 8)
+    assert (c.ppo_epochs, c.model.path, c.model.dtype, c.optim.lr) == (3, "/m/critic", "float32", 1e-3)
+    assert (c.cliprange_value, c.shuffle) == (0.2, True)
+    cfg = load_config(None, ["critic.ppo_micro_batch_size_per_gpu=8", "critic.forward_micro_batch_size_per_gpu=32"])
+    assert cfg.critic.forward_micro_batch_size_per_gpu == 32
+
+
+def test_critic_batch_arithmetic_checked_only_when_the_critic_is_used():
+    bad = _SMALL + ["critic.ppo_mini_batch_size=4", "critic.ppo_micro_batch_size_per_gpu=4",
+                    "actor_rollout_ref.actor.ppo_mini_batch_size=4"]
+    load_config(None, bad)  # grpo: no critic, its section is not used
+    msg = _error(None, bad + ["algorithm.adv_estimator=gae"])
+    assert "critic.ppo_micro_batch_size_per_gpu=4" in msg and "6 responses" in msg
+    msg = _error(None, _SMALL + ["algorithm.adv_estimator=gae", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                                 "critic.ppo_mini_batch_size=9"])
+    assert "critic.ppo_mini_batch_size=9" in msg and "data.train_batch_size=8" in msg
+    cfg = load_config(None, _SMALL + ["algorithm.adv_estimator=gae", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                                      "critic.ppo_micro_batch_size_per_gpu=3"])
+    assert cfg.critic.ppo_mini_batch_size == 4
+
+
+def test_critic_compat_keys():
+    loaded = load_config_with_notes(None, [
+        "critic.model.fsdp_config.param_offload=True", "critic.strategy=fsdp", "critic.model.use_remove_padding=True",
+        "critic.optim.warmup_style=cosine", "critic.optim.clip_grad=0.5", "critic.enable=True",
+    ])
+    keys = [n.key for n in loaded.notes]
+    assert keys == ["critic.model.fsdp_config.param_offload", "critic.strategy", "critic.model.use_remove_padding",
+                    "critic.optim.warmup_style", "critic.optim.clip_grad", "critic.enable"]
+    assert loaded.config.critic.optim.lr_scheduler_type == "cosine" and loaded.config.critic.grad_clip == 0.5
+    assert "critic.use_dynamic_bsz=True is not supported" in _error(None, ["critic.use_dynamic_bsz=True"])
+    assert "critic.model.lora_rank=8 is not supported" in _error(None, ["critic.model.lora_rank=8"])
+    # no wildcard swallows a typo of a real critic key
+    assert "did you mean 'critic.optim.lr'" in _error(None, ["critic.optim.lrr=1e-5"])
+    assert "did you mean 'critic.cliprange_value'" in _error(None, ["critic.cliprange_val=0.2"])
+
+
+# --------------------------------------------------------------------------------------- DAPO
+def test_dapo_defaults():
+    cfg = load_config(None)
+    ob, fg = cfg.reward_model.overlong_buffer, cfg.algorithm.filter_groups
+    assert (ob.enable, ob.len, ob.penalty_factor, ob.log) == (False, 4096, 1.0, False)
+    assert (fg.enable, fg.metric, fg.max_num_gen_batches) == (False, "acc", 0)
+    assert cfg.data.gen_batch_size == cfg.data.train_batch_size == 1024  # null -> train_batch_size
+
+
+def test_overlong_buffer_len_must_fit_the_response_when_enabled():
+    load_config(None, ["reward_model.overlong_buffer.len=4096"])  # off: not checked
+    msg = _error(None, ["reward_model.overlong_buffer.enable=True"])  # 4096 > 512
+    assert "reward_model.overlong_buffer.len=4096" in msg and "data.max_response_length=512" in msg
+    assert "overlong_buffer.len=0" in _error(None, ["reward_model.overlong_buffer.enable=True",
+                                                    "reward_model.overlong_buffer.len=0"])
+    cfg = load_config(None, ["reward_model.overlong_buffer.enable=True", "reward_model.overlong_buffer.len=512"])
+    assert cfg.reward_model.overlong_buffer.len == 512
+
+
+def test_gen_batch_size_needs_group_filtering():
+    msg = _error(None, ["data.gen_batch_size=2048"])
+    assert "data.gen_batch_size=2048" in msg and "algorithm.filter_groups.enable=True" in msg
+    cfg = load_config(None, ["data.gen_batch_size=1536", "algorithm.filter_groups.enable=True",
+                             "algorithm.filter_groups.metric=seq_final_reward",
+                             "algorithm.filter_groups.max_num_gen_batches=10"])
+    assert cfg.data.gen_batch_size == 1536 and cfg.algorithm.filter_groups.metric == "seq_final_reward"
+    msg = _error(None, ["trainer.n_gpus_per_node=4", "data.train_batch_size=8", "data.gen_batch_size=6",
+                        "actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                        "algorithm.filter_groups.enable=True"])
+    assert "data.gen_batch_size=6" in msg and "4 devices" in msg
+
+
+def test_shipped_ppo_and_dapo_configs():
+    ppo = load_config(REPO_ROOT / "configs" / "ppo_quickstart.yaml")
+    assert ppo.algorithm.adv_estimator == "gae" and ppo.trainer.total_training_steps == 40
+    assert ppo.critic.model.path is None and ppo.critic.optim.lr > ppo.actor_rollout_ref.actor.optim.lr
+    dapo = load_config(REPO_ROOT / "configs" / "dapo_quickstart.yaml")
+    a = dapo.actor_rollout_ref.actor
+    assert (a.clip_ratio_low, a.clip_ratio_high, a.use_kl_loss) == (0.2, 0.28, False)
+    ob = dapo.reward_model.overlong_buffer
+    assert ob.enable and ob.len < dapo.data.max_response_length
+    assert dapo.algorithm.filter_groups.enable and dapo.data.gen_batch_size > dapo.data.train_batch_size
 
 
 # -------------------------------------------------------------------------- batch arithmetic
@@ -356,8 +533,9 @@ def test_unsupported_verl_feature_value_rejected():
 def test_wildcards_never_swallow_schema_typos():
     # reward_model.* has verl-only keys in the table, but a typo of a real key is still an error
     assert "did you mean 'reward_model.enable'" in _error(None, ["reward_model.enabel=True"])
-    notes = load_config_with_notes(None, ["critic.optim.lr=1e-5", "algorithm._target_=x.AlgoConfig"]).notes
-    assert [n.key for n in notes] == ["critic.optim.lr", "algorithm._target_"]
+    notes = load_config_with_notes(None, ["critic.model.fsdp_config.param_offload=True",
+                                          "algorithm._target_=x.AlgoConfig"]).notes
+    assert [n.key for n in notes] == ["critic.model.fsdp_config.param_offload", "algorithm._target_"]
 
 
 def test_compat_tables_are_consistent():

@@ -28,7 +28,7 @@ def actor_cfg(**kw):
     base = dict(
         ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2, ppo_epochs=1, shuffle=False, grad_clip=1.0,
         clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, loss_agg_mode="token-mean", entropy_coeff=0.01,
-        use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="low_var_kl",
+        use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="low_var_kl", tis_imp_ratio_cap=-1.0,
         policy_loss=SimpleNamespace(loss_mode="vanilla"),
         optim=SimpleNamespace(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, lr_warmup_steps=-1,
                               lr_warmup_steps_ratio=0.0, lr_scheduler_type="constant", min_lr_ratio=0.0),
