@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
 import pytest
 
 from jaxrl.paths import shared_dir
