@@ -493,7 +493,7 @@ def compute_policy_loss_kl_cov(
     num_seqs: jax.Array | float | None = None,
     rollout_is_weights: jax.Array | None = None,
     kl_cov_ratio: float = 0.0002,
-    ppo_kl_coef: float = 1.0,
+    ppo_kl_coef: float = 0.1,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """KL-Cov: unclipped policy gradient, plus a |log-ratio| penalty on the top-covariance tokens.
 
@@ -521,7 +521,7 @@ def compute_policy_loss_kl_cov(
       loss_agg_mode, num_tokens, num_seqs: see ``agg_loss``.
       rollout_is_weights: optional ``[B, R]`` per-token weights, stop-gradient.
       kl_cov_ratio: fraction of valid tokens to penalise, > 0 (verl default 2e-4).
-      ppo_kl_coef: penalty coefficient (verl default 1.0).
+      ppo_kl_coef: penalty coefficient (verl actor config `policy_loss.ppo_kl_coef`, default 0.1).
 
     Returns:
       ``(pg_loss, {"pg_clipfrac", "ppo_kl", "pg_clipfrac_lower", "ppo_kl_abs", "kl_cov_frac"})``.

@@ -272,7 +272,8 @@ class TrainerConfig:
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"  # checkpoints + logs
     n_gpus_per_node: int = 8  # accelerator devices per host (data-parallel world = this x nnodes)
     nnodes: int = 1  # hosts
-    critic_warmup: int = 0  # steps at the start of training that update only the critic (the actor waits)
+    # steps at the start that update only the critic (verl's actor starts at step == critic_warmup, one step earlier)
+    critic_warmup: int = 0
     seed: int = 1  # jaxrl: global seed (data shuffle and sampling default to it)
     log_val_generations: int = 0  # number of validation samples (prompt, response, score) to log
 
