@@ -66,6 +66,46 @@ def batch_metrics(batch) -> dict[str, float]:
     return out
 
 
+def validation_metrics(
+    data_sources: list[str], prompt_ids: np.ndarray, values: dict[str, np.ndarray], preds: list | None, n: int
+) -> dict[str, float]:
+    """verl's validation summary (``process_validation_metrics``), per data source and value name.
+
+    Args:
+      data_sources: ``[M]`` data source of each response.
+      prompt_ids: ``[M]`` int, which prompt each response answers (``n`` responses per prompt).
+      values: name -> ``[M]`` float (e.g. ``reward``, ``acc``).
+      preds: ``[M]`` extracted answers for majority voting, or None.
+      n: responses per prompt.
+
+    Returns:
+      ``val-core/<ds>/<name>/mean@n`` (mean over all responses) and, when ``n > 1``, ``best@n`` / ``worst@n``
+      (mean over prompts of the max / min over its ``n`` responses) and, with ``preds``, ``maj@n`` (mean over
+      prompts of the value of a response carrying the most frequent answer; ties -> first seen). verl estimates
+      best/maj with bootstrap resampling; with all ``n`` samples these are their exact ``k = n`` values.
+    """
+    data_sources = np.asarray(data_sources)
+    prompt_ids = np.asarray(prompt_ids)
+    out: dict[str, float] = {}
+    for ds in sorted(set(data_sources.tolist())):
+        rows = np.flatnonzero(data_sources == ds)
+        groups = [rows[prompt_ids[rows] == p] for p in np.unique(prompt_ids[rows])]
+        for name, vals in values.items():
+            vals = np.asarray(vals, np.float64)
+            out[f"val-core/{ds}/{name}/mean@{n}"] = float(vals[rows].mean())
+            if n > 1:
+                out[f"val-core/{ds}/{name}/best@{n}"] = float(np.mean([vals[g].max() for g in groups]))
+                out[f"val-core/{ds}/{name}/worst@{n}"] = float(np.mean([vals[g].min() for g in groups]))
+                if preds is not None:
+                    maj = []
+                    for g in groups:
+                        answers = [preds[i] for i in g]
+                        top = max(answers, key=answers.count)  # first seen among the most frequent
+                        maj.append(vals[g[answers.index(top)]])
+                    out[f"val-core/{ds}/{name}/maj@{n}"] = float(np.mean(maj))
+    return out
+
+
 class MetricsLogger:
     """Fans metrics out to the configured sinks.
 

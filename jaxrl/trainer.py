@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import logging
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxrl.batch import RLBatch, concat_batches
-from jaxrl.metrics import MetricsLogger, batch_metrics, plot_rewards, timed
+from jaxrl.metrics import MetricsLogger, batch_metrics, plot_rewards, timed, validation_metrics
 from jaxrl.rewards.shaping import groups_with_signal, overlong_penalty
 
 log = logging.getLogger("jaxrl")
@@ -307,31 +308,38 @@ class Trainer:
     # -- validation ------------------------------------------------------------------------------------------
 
     def validate(self) -> dict[str, float]:
-        """Score the validation set with ``rollout.val_kwargs``; ``val-core/<data_source>/reward/mean@n``."""
+        """Score the validation set with ``rollout.val_kwargs``: ``val-core/<data_source>/<reward|acc>/mean@n``
+        (and best@n / worst@n / maj@n when ``val_kwargs.n > 1``; see :func:`jaxrl.metrics.validation_metrics`)."""
         c, cfg = self.c, self.c.cfg
         if not c.val_rows:
             return {}
         sp = _sampling_params(self.rollout_cfg, self.max_new_tokens, validation=True, seed=self._seed() + 7)
         bs = cfg.data.val_batch_size or len(c.val_rows)
-        per_source: dict[tuple[str, str], list[float]] = {}
-        samples = []
+        sources, prompt_ids, samples, preds = [], [], [], []
+        values: dict[str, list] = {"reward": []}
         for start in range(0, len(c.val_rows), bs):
             chunk = c.val_rows[start : start + bs]
             out = c.rollout.generate([r["prompt_ids"] for r in chunk], sp)
             texts = decode_responses(c.tokenizer, out.response_ids, out.response_mask)
             rew = score_responses(c.reward, [r["row"] for r in chunk], out.prompt_index, texts)
-            values = {"reward": rew.scores}
+            values["reward"].extend(rew.scores.tolist())
             if "acc" in rew.extra:
-                values["acc"] = _extra_as_array(rew, "acc", default=rew.scores)
-            for name, vals in values.items():
-                for i, v in zip(out.prompt_index, vals):
-                    ds = chunk[i]["row"].get("data_source", "unknown")
-                    per_source.setdefault((ds, name), []).append(float(v))
+                values.setdefault("acc", []).extend(_extra_as_array(rew, "acc", default=rew.scores).tolist())
+            preds.extend(rew.extra.get("pred", [None] * len(texts)))
+            sources.extend(chunk[i]["row"].get("data_source", "unknown") for i in out.prompt_index)
+            prompt_ids.extend((start + out.prompt_index).tolist())
             samples.extend(zip(texts, rew.scores))
-        n = sp.n
-        metrics = {f"val-core/{ds}/{name}/mean@{n}": float(np.mean(v)) for (ds, name), v in per_source.items()}
-        for text, score in samples[: cfg.trainer.log_val_generations]:
-            log.info("val sample (score %.3f): %r", score, text[:300])
+        has_preds = any(p is not None for p in preds)
+        metrics = validation_metrics(
+            sources, np.asarray(prompt_ids), {k: np.asarray(v) for k, v in values.items()},
+            [str(p) for p in preds] if has_preds else None, sp.n,
+        )
+        shown = samples[: cfg.trainer.log_val_generations]
+        if shown:
+            with open(c.out_dir / "val_generations.jsonl", "a") as f:
+                for text, score in shown:
+                    log.info("val sample (score %.3f): %r", score, text[:300])
+                    f.write(json.dumps({"step": self.step, "score": float(score), "response": text}) + "\n")
         return metrics
 
     # -- the loop --------------------------------------------------------------------------------------------
@@ -361,6 +369,8 @@ class Trainer:
                         metrics.update(self.validate())
                     metrics["timing_s/testing"] = t["testing"]
                 c.logger.log(self.step, metrics)
+                if any(k.startswith("val-core/") for k in metrics) and c.logger.jsonl_path.exists():
+                    plot_rewards(c.logger.jsonl_path, c.out_dir / "reward.png")  # the plot follows the run
                 bar.set_postfix(score=f"{metrics['critic/score/mean']:.3f}")
                 bar.update(1)
                 last = metrics

@@ -28,7 +28,8 @@ def default_compute_score(data_source: str, solution_str: str, ground_truth, ext
         extra_info: the row's ``extra_info`` (unused by these scorers; part of verl's signature).
 
     Returns:
-        ``{"score": float, "acc": float}``: ``acc`` is 1.0 for a correct GSM8K answer and, for the sentiment task,
+        ``{"score": float, "acc": float}`` (+ ``"pred"``, the extracted answer, for GSM8K: validation's maj@n
+        votes on it): ``acc`` is 1.0 for a correct GSM8K answer and, for the sentiment task,
         for a story at least :data:`jaxrl.rewards.sentiment.HAPPY_THRESHOLD` happy (DAPO's dynamic sampling
         filters groups on ``acc`` by default, as verl's DAPO reward does).
 
@@ -38,7 +39,7 @@ def default_compute_score(data_source: str, solution_str: str, ground_truth, ext
     """
     if data_source in GSM8K_SOURCES:
         score = float(gsm8k.compute_score(solution_str, ground_truth))
-        return {"score": score, "acc": float(score == 1.0)}
+        return {"score": score, "acc": float(score == 1.0), "pred": gsm8k.extract_solution(solution_str) or ""}
     if data_source in SENTIMENT_SOURCES:
         score = float(sentiment.compute_score(solution_str))
         return {"score": score, "acc": float(score >= sentiment.HAPPY_THRESHOLD)}

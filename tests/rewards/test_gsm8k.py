@@ -49,8 +49,9 @@ def test_bad_method():
 
 
 def test_default_compute_score_dispatch():
-    assert default_compute_score("openai/gsm8k", "#### 1,234", "1234") == {"score": 1.0, "acc": 1.0}
-    assert default_compute_score("openai/gsm8k", "#### 1,235", "1234") == {"score": 0.0, "acc": 0.0}
+    assert default_compute_score("openai/gsm8k", "#### 1,234", "1234") == {"score": 1.0, "acc": 1.0, "pred": "1234"}
+    assert default_compute_score("openai/gsm8k", "#### 1,235", "1234") == {"score": 0.0, "acc": 0.0, "pred": "1235"}
+    assert default_compute_score("openai/gsm8k", "no answer", "1234")["pred"] == ""
     assert default_compute_score("tinystories/sentiment", "They were happy and smiled.", "") == {"score": 0.5, "acc": 1.0}
     assert default_compute_score("tinystories/sentiment", "They were happy.", "") == {"score": 0.25, "acc": 0.0}
     with pytest.raises(

@@ -146,7 +146,7 @@ def test_param_shardings_on_decoder():
     assert flat["norm.scale"].spec == P("fsdp")
     assert flat["lm_head"].spec == P("fsdp", "tensor")
     placed = shard_state(state, sh)
-    q = nnx.to_flat_state(placed)[("layers", 0, "self_attn", "q_proj")].get_value()
+    q = placed["layers"][0]["self_attn"]["q_proj"].get_value()
     assert q.sharding == flat["layers.0.self_attn.q_proj"]
     assert q.addressable_shards[0].data.shape == (8, 1, 4)
     np.testing.assert_array_equal(np.asarray(q), np.asarray(state["layers"][0]["self_attn"]["q_proj"].get_value()))

@@ -1,0 +1,50 @@
+"""Metric helpers: validation summaries (mean/best/worst/maj@n), data metrics, console line, plot."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from jaxrl.metrics import MetricsLogger, format_console, plot_rewards, validation_metrics
+
+
+def test_validation_metrics_mean_best_worst_maj():
+    # two prompts x 3 responses from "a", one prompt x 3 from "b"
+    sources = ["a"] * 6 + ["b"] * 3
+    prompts = np.array([0, 0, 0, 1, 1, 1, 2, 2, 2])
+    reward = np.array([1.0, 0.0, 0.0, 0.0, 0.5, 1.0, 0.2, 0.2, 0.8])
+    preds = ["7", "3", "3", "1", "2", "2", "x", "x", "y"]
+    m = validation_metrics(sources, prompts, {"reward": reward}, preds, n=3)
+    assert m["val-core/a/reward/mean@3"] == pytest.approx(reward[:6].mean())
+    assert m["val-core/a/reward/best@3"] == pytest.approx((1.0 + 1.0) / 2)
+    assert m["val-core/a/reward/worst@3"] == pytest.approx(0.0)
+    # majority answers: prompt 0 -> "3" (reward 0.0), prompt 1 -> "2" (first carrier: 0.5)
+    assert m["val-core/a/reward/maj@3"] == pytest.approx((0.0 + 0.5) / 2)
+    assert m["val-core/b/reward/maj@3"] == pytest.approx(0.2)
+
+
+def test_validation_metrics_single_sample_has_mean_only():
+    m = validation_metrics(["a", "a"], np.array([0, 1]), {"acc": np.array([1.0, 0.0])}, None, n=1)
+    assert m == {"val-core/a/acc/mean@1": 0.5}
+
+
+def test_logger_writes_jsonl_and_plot(tmp_path):
+    logger = MetricsLogger(["jsonl"], tmp_path)
+    for step in (1, 2, 3):
+        logger.log(step, {"critic/score/mean": 0.1 * step, **({"val-core/a/reward/mean@1": 0.5} if step == 3 else {})})
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3] and records[2]["val-core/a/reward/mean@1"] == 0.5
+    png = plot_rewards(tmp_path / "metrics.jsonl", tmp_path / "reward.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_unknown_logger_is_named():
+    with pytest.raises(ValueError, match="'mlflow'.*console, jsonl, tensorboard, wandb"):
+        MetricsLogger(["console", "mlflow"], "/tmp/unused")
+
+
+def test_console_line_has_headline_metrics():
+    line = format_console(7, {"critic/score/mean": 0.5, "actor/pg_loss": -0.01, "val-core/x/reward/mean@1": 0.9})
+    assert line.startswith("step 7") and "score=0.5" in line and "val-core/x/reward/mean@1=0.9" in line
