@@ -48,3 +48,31 @@ def test_unknown_logger_is_named():
 def test_console_line_has_headline_metrics():
     line = format_console(7, {"critic/score/mean": 0.5, "actor/pg_loss": -0.01, "val-core/x/reward/mean@1": 0.9})
     assert line.startswith("step 7") and "score=0.5" in line and "val-core/x/reward/mean@1=0.9" in line
+
+
+def test_tensorboard_sink_writes_events(tmp_path):
+    logger = MetricsLogger(["tensorboard"], tmp_path)
+    logger.log(1, {"critic/score/mean": 0.25})
+    logger.close()
+    import struct
+
+    from tensorboardX.proto.event_pb2 import Event
+
+    (events_file,) = (tmp_path / "tensorboard").glob("events.out.tfevents.*")
+    data, scalars = events_file.read_bytes(), []
+    while data:  # TFRecord framing: u64 length, u32 crc, payload, u32 crc
+        (length,) = struct.unpack("<Q", data[:8])
+        event = Event.FromString(data[12 : 12 + length])
+        scalars += [(v.tag, v.simple_value, event.step) for v in event.summary.value]
+        data = data[16 + length :]
+    assert scalars == [("critic/score/mean", pytest.approx(0.25), 1)]
+
+
+def test_wandb_sink_works_offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    logger = MetricsLogger(["wandb"], tmp_path, project_name="p", experiment_name="e", config={"a": 1})
+    logger.log(1, {"critic/score/mean": 0.5})
+    logger.close()
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
