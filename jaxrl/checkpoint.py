@@ -24,7 +24,6 @@ metadata, not silent bit flips inside array data (there are no per-array checksu
 from __future__ import annotations
 
 import errno as _errno
-import json
 import logging
 import os
 import re
@@ -83,19 +82,28 @@ class CheckpointRestoreError(CheckpointError):
     """No checkpoint could be restored; the message names the directory and every step tried."""
 
 
+_OS_ERROR_CODE_RE = re.compile(r"os_error_code='?(\d+)")  # how tensorstore reports errno (e.g. 28 = ENOSPC)
+
+
 def _find_errno(exc: BaseException | None) -> int | None:
+    """The errno behind ``exc``: an ``OSError`` in its cause chain, or tensorstore's ``os_error_code``."""
     seen = 0
     while exc is not None and seen < 10:
         if isinstance(exc, OSError) and exc.errno is not None:
             return exc.errno
+        m = _OS_ERROR_CODE_RE.search(str(exc))
+        if m:
+            return int(m.group(1))
         exc = exc.__cause__ or exc.__context__
         seen += 1
     return None
 
 
-def _short(exc: BaseException, limit: int = 300) -> str:
+def _short(exc: BaseException, limit: int = 400) -> str:
+    """``Type: message`` on one line; a long message keeps its head and tail (where the OS error usually is)."""
     text = " ".join(str(exc).split())
-    text = text if len(text) <= limit else text[:limit] + "..."
+    if len(text) > limit:
+        text = text[: limit // 2] + " ... " + text[-limit // 2 :]
     return f"{type(exc).__name__}: {text}"
 
 

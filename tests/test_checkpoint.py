@@ -29,6 +29,9 @@ from jaxrl.checkpoint import (
 from jaxrl.models.config import ModelConfig
 from jaxrl.models.decoder import Decoder
 
+# orbax leaves the sibling read coroutines of a failed restore unawaited (reported at a later GC); harmless
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
 CFG = ModelConfig(
     model_type="llama", vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
     num_attention_heads=2, num_key_value_heads=1, head_dim=8, bos_token_id=1, eos_token_id=2,
@@ -112,7 +115,8 @@ def test_restore_into_abstract_target_with_sharding(tmp_path, state):
     assert all(isinstance(x.sharding, jax.sharding.NamedSharding) and x.sharding.mesh == mesh
                for x in jax.tree.leaves(restored))
     # a partial target: only the actor's params (what export needs)
-    _, only, _ = store.restore(1, like=lambda meta: {"actor": {"params": jax.eval_shape(lambda: arrays["actor"]["params"])}})
+    abstract_params = jax.eval_shape(lambda: arrays["actor"]["params"])
+    _, only, _ = store.restore(1, like=lambda meta: {"actor": {"params": abstract_params}})
     assert list(only["actor"]) == ["params"]
     _assert_tree_equal(only["actor"]["params"], arrays["actor"]["params"])
     store.close()
@@ -153,6 +157,7 @@ def test_async_save_is_isolated_from_later_updates(tmp_path, state):
     assert store.save(7, arrays=arrays, meta=_meta(7)) is True
     bump = jax.jit(lambda p: jax.tree.map(lambda x: x * 2.0 + 1.0, p), donate_argnums=0)
     live = bump(arrays["actor"]["params"])
+    assert all(x.is_deleted() for x in jax.tree.leaves(arrays["actor"]["params"]))  # really donated
     store.wait()
     assert store.steps() == [7]
     _, restored, _ = store.restore(like=_arrays(state))
@@ -175,23 +180,21 @@ def test_max_to_keep_prunes_oldest(tmp_path, state):
     store.close()
 
 
-def _largest_file(folder):
-    files = [p for p in folder.rglob("*") if p.is_file()]
-    return max(files, key=lambda p: p.stat().st_size)
-
-
-# orbax leaves the sibling read coroutines of a failed restore unawaited; harmless, but pytest reports them
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_corrupt_newest_falls_back_with_warning(tmp_path, state, caplog):
     root = tmp_path / "run"
     store = CheckpointStore(root, max_to_keep=None, async_save=True)
     for s in (1, 2, 3):
         store.save(s, arrays=_arrays(state, scale=float(s)), meta=_meta(s))
     store.wait()
-    big = _largest_file(root / "global_step_3" / "actor.params")  # truncated array data
-    with open(big, "r+b") as f:
-        f.truncate(big.stat().st_size // 2)
+    store.close()
+    data = [p for p in (root / "global_step_3" / "actor.params").rglob("*") if p.is_file() and p.parent.name == "d"]
+    assert data
+    for p in data:  # truncated array data
+        with open(p, "r+b") as f:
+            f.truncate(p.stat().st_size // 2)
     (root / "global_step_2" / "meta" / "metadata").unlink()  # missing meta file
+    # a resumed run opens the folder afresh (the writing store's tensorstore cache still holds what it wrote)
+    store = CheckpointStore(root, max_to_keep=None, read_only=True)
     with caplog.at_level(logging.WARNING, logger="jaxrl.checkpoint"):
         step, restored, meta = store.restore(like=_arrays(state))
     assert step == 1 and meta == _meta(1)
@@ -228,8 +231,19 @@ def test_partial_checkpoint_is_not_listed(tmp_path, state):
     store.close()
 
 
+# A full disk surfaces as OSError(ENOSPC) from Python writes and as tensorstore's RESOURCE_EXHAUSTED ValueError
+# (the text below is what a 300 KiB tmpfs produced) from array writes.
+_ENOSPC_ERRORS = {
+    "oserror": lambda path: OSError(errno.ENOSPC, "No space left on device", path),
+    "tensorstore": lambda path: ValueError(
+        f'RESOURCE_EXHAUSTED: Error writing "w/0.0" in OCDBT database at local file "{path}": Failed writing: '
+        f'"{path}/d/1d64": Failed to write 20782 bytes to file 12: No space left on device [os_error_code=\'28\']'),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_ENOSPC_ERRORS))
 @pytest.mark.parametrize("async_save", [False, True])
-def test_full_disk_raises_and_keeps_earlier(tmp_path, state, monkeypatch, async_save):
+def test_full_disk_raises_and_keeps_earlier(tmp_path, state, monkeypatch, async_save, kind):
     from orbax.checkpoint._src.handlers import json_checkpoint_handler as jch
 
     root = tmp_path / "run"
@@ -240,7 +254,7 @@ def test_full_disk_raises_and_keeps_earlier(tmp_path, state, monkeypatch, async_
 
     async def disk_full(self, x, directory):
         (directory / self._filename).write_text('{"partial": ')
-        raise OSError(errno.ENOSPC, "No space left on device", str(directory / self._filename))
+        raise _ENOSPC_ERRORS[kind](str(directory))
 
     monkeypatch.setattr(jch.JsonCheckpointHandler, "_save_fn", disk_full)
     with pytest.raises(CheckpointSaveError) as ei:
@@ -326,3 +340,25 @@ def test_max_to_keep_from_config():
     assert max_to_keep_from_config(2, None, has_critic=False) == 2
     assert max_to_keep_from_config(2, None, has_critic=True) is None
     assert max_to_keep_from_config(2, 5, has_critic=True) == 5
+
+
+def test_trainer_checkpoint_config_keys():
+    from jaxrl.checkpoint import RESUME_MODES
+    from jaxrl.config import ConfigError, load_config
+    from jaxrl.config.schema import RESUME_MODE_CHOICES
+
+    assert RESUME_MODE_CHOICES == RESUME_MODES
+    t = load_config(None).trainer
+    assert (t.resume_mode, t.resume_from_path, t.max_actor_ckpt_to_keep, t.max_critic_ckpt_to_keep,
+            t.max_nonfinite_steps, t.checkpoint_async) == ("auto", None, None, None, 3, True)
+    t = load_config(None, ["trainer.resume_mode=resume_path", "trainer.resume_from_path=/r/global_step_5",
+                           "trainer.max_actor_ckpt_to_keep=2", "trainer.checkpoint_async=False"]).trainer
+    assert (t.resume_from_path, t.max_actor_ckpt_to_keep, t.checkpoint_async) == ("/r/global_step_5", 2, False)
+    for overrides, key in (
+        (["trainer.resume_mode=resume_path"], "trainer.resume_from_path"),
+        (["trainer.resume_mode=latest"], "trainer.resume_mode"),
+        (["trainer.max_critic_ckpt_to_keep=-2"], "trainer.max_critic_ckpt_to_keep"),
+        (["trainer.max_nonfinite_steps=0"], "trainer.max_nonfinite_steps"),
+    ):
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            load_config(None, overrides)

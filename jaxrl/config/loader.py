@@ -464,6 +464,14 @@ def _validate(cfg: JaxRLConfig) -> None:
     if not (0 <= cfg.trainer.seed < _MAX_SEED):
         c.fail("trainer.seed", f"an int in [0, {_MAX_SEED})")
     c.int_at_least("trainer.log_val_generations", 0)
+    c.choice("trainer.resume_mode", schema.RESUME_MODE_CHOICES)
+    c.text("trainer.resume_from_path", nullable=True)
+    if cfg.trainer.resume_mode == "resume_path" and cfg.trainer.resume_from_path is None:
+        c.fail("trainer.resume_from_path", "a path when trainer.resume_mode='resume_path' (a run's checkpoint "
+               "directory or one of its global_step_<N> folders)")
+    c.int_at_least("trainer.max_actor_ckpt_to_keep", 1, off=0, nullable=True)
+    c.int_at_least("trainer.max_critic_ckpt_to_keep", 1, off=0, nullable=True)
+    c.int_at_least("trainer.max_nonfinite_steps", 1)
     # rewards
     if cfg.reward_model.enable:
         raise ConfigError(

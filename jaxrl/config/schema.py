@@ -56,6 +56,7 @@ CRITIC_ADV_ESTIMATORS: tuple[str, ...] = ("gae",)  # estimators that need critic
 FILTER_GROUPS_METRIC_CHOICES: tuple[str, ...] = ("acc", "score", "seq_reward", "seq_final_reward")
 KL_CTRL_TYPE_CHOICES: tuple[str, ...] = ("fixed", "adaptive")
 LOGGER_CHOICES: tuple[str, ...] = ("console", "jsonl", "tensorboard", "wandb")
+RESUME_MODE_CHOICES: tuple[str, ...] = ("auto", "disable", "resume_path")  # = jaxrl.checkpoint.RESUME_MODES
 REWARD_MANAGER_CHOICES: tuple[str, ...] = ("naive",)
 
 
@@ -276,6 +277,12 @@ class TrainerConfig:
     critic_warmup: int = 0
     seed: int = 1  # jaxrl: global seed (data shuffle and sampling default to it)
     log_val_generations: int = 0  # number of validation samples (prompt, response, score) to log
+    resume_mode: str = "auto"  # "auto" (latest checkpoint in default_local_dir, if any) | "disable" | "resume_path"
+    resume_from_path: Optional[str] = None  # resume_path: a run's checkpoint dir or one of its global_step_<N> dirs
+    max_actor_ckpt_to_keep: Optional[int] = None  # keep the newest N checkpoints; null (or 0) = keep all
+    max_critic_ckpt_to_keep: Optional[int] = None  # same for the critic (both live in one step dir: the max applies)
+    max_nonfinite_steps: int = 3  # jaxrl: abort after N consecutive steps with a non-finite loss or grad norm
+    checkpoint_async: bool = True  # jaxrl: write checkpoints in a background thread (training goes on meanwhile)
 
 
 # ------------------------------------------------------------------------------ rewards
