@@ -98,7 +98,8 @@ def test_logical_to_pspec_non_divisible_falls_back():
     mesh = make_mesh(1, 2, 4)
     # kv_heads=2 cannot be split 4 ways -> replicated; heads=8 can.
     assert logical_to_pspec(("embed", "kv_heads", "head_dim"), DEFAULT_RULES, mesh, (16, 2, 8)) == P("fsdp", None, None)
-    assert logical_to_pspec(("embed", "heads", "head_dim"), DEFAULT_RULES, mesh, (16, 8, 8)) == P("fsdp", "tensor", None)
+    heads = logical_to_pspec(("embed", "heads", "head_dim"), DEFAULT_RULES, mesh, (16, 8, 8))
+    assert heads == P("fsdp", "tensor", None)
     # A tuple keeps its longest dividing prefix: batch 6 over (data=2, fsdp=4) -> data only.
     mesh2 = make_mesh(2, 4, 1)
     assert logical_to_pspec(("batch",), DEFAULT_RULES, mesh2, (6,)) == P("data")
@@ -130,7 +131,9 @@ def test_rules_from_dict_overrides_and_validates():
 def _tiny(kv_heads=2):
     cfg = ModelConfig(model_type="llama", vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                       num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=4)
-    return nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
+    rng = np.random.default_rng(0)
+    return graphdef, jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape).astype(np.float32)), state)
 
 
 def test_param_shardings_on_decoder():
@@ -179,3 +182,12 @@ def test_batch_sharding():
     assert {sh.data.shape for sh in x.addressable_shards} == {(2, 5)}
     with pytest.raises(ValueError, match="ndim=0"):
         batch_sharding(mesh, 0)
+
+
+def test_sharding_package_does_not_import_jaxrl():
+    import subprocess
+    import sys
+
+    code = "import sys, sharding, sharding.translator; print(sorted(m for m in sys.modules if m.startswith('jaxrl')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
