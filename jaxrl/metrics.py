@@ -161,6 +161,15 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.log(metrics, step=step)
 
+    def truncate_after(self, step: int) -> None:
+        """Drop ``metrics.jsonl`` records of steps after ``step`` (a resumed run logs them again)."""
+        if not self.jsonl_path.exists():
+            return
+        keep = [r for r in read_metrics(self.jsonl_path) if r.get("step", 0) <= step]
+        tmp = self.jsonl_path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+        tmp.replace(self.jsonl_path)
+
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()

@@ -11,10 +11,13 @@ config; :func:`run_training` is what ``python -m jaxrl.train`` calls.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import json
 import logging
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -43,6 +46,8 @@ class Components:
     logger: MetricsLogger
     out_dir: Path
     total_training_steps: int
+    store: object  # jaxrl.checkpoint.CheckpointStore over trainer.default_local_dir
+    model_meta: dict  # what jaxrl.export needs to rebuild the policy from a checkpoint
     critic: object | None = None
 
 
@@ -140,6 +145,7 @@ class Trainer:
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = get_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
         self.step = 0
+        self.nonfinite_in_a_row = 0
 
     # -- one RL step -----------------------------------------------------------------------------------------
 
@@ -345,38 +351,161 @@ class Trainer:
     # -- the loop --------------------------------------------------------------------------------------------
 
     def fit(self) -> dict[str, float]:
-        """Train for ``total_training_steps``; validate every ``test_freq`` steps and at the end."""
+        """Train to ``total_training_steps``: resume if a checkpoint says so, validate every ``test_freq`` steps
+        and at the end, checkpoint every ``save_freq`` steps and at the end, stop cleanly on SIGTERM."""
         from tqdm import tqdm
 
         c, cfg = self.c, self.c.cfg
         total = c.total_training_steps
-        test_freq = cfg.trainer.test_freq
-        last: dict[str, float] = {}
-        if cfg.trainer.val_before_train and c.val_rows:
-            with timed("testing", t := {}):
+        resumed = self.resume()
+        if resumed and self.step >= total:
+            log.info("the checkpoint is already at step %d of %d: nothing left to train", self.step, total)
+        if cfg.trainer.val_before_train and c.val_rows and not resumed:
+            t: dict[str, float] = {}
+            with timed("testing", t):
                 val = self.validate()
             c.logger.log(0, {**val, "timing_s/testing": t["testing"]})
-        bar = tqdm(total=total, desc="jaxrl", unit="step", dynamic_ncols=True)
-        try:
-            while self.step < total:
-                self.step += 1
-                metrics = self.train_step()
-                metrics["training/global_step"] = self.step
-                is_last = self.step == total
-                if c.val_rows and test_freq > 0 and (self.step % test_freq == 0 or is_last):
-                    t = {}
-                    with timed("testing", t):
-                        metrics.update(self.validate())
-                    metrics["timing_s/testing"] = t["testing"]
-                c.logger.log(self.step, metrics)
-                if any(k.startswith("val-core/") for k in metrics) and c.logger.jsonl_path.exists():
-                    plot_rewards(c.logger.jsonl_path, c.out_dir / "reward.png")  # the plot follows the run
-                bar.set_postfix(score=f"{metrics['critic/score/mean']:.3f}")
-                bar.update(1)
-                last = metrics
-        finally:
-            bar.close()
+        last: dict[str, float] = {}
+        bar = tqdm(total=total, initial=self.step, desc="jaxrl", unit="step", dynamic_ncols=True)
+        with _sigterm_flag() as stop:
+            try:
+                while self.step < total and not stop.is_set():
+                    self.step += 1
+                    last = self._step_validate_log()
+                    self._check_finite(last)
+                    if self._save_due():
+                        self.save_checkpoint()
+                    bar.set_postfix(score=f"{last['critic/score/mean']:.3f}")
+                    bar.update(1)
+                if stop.is_set():
+                    log.warning("SIGTERM: stopping after step %d", self.step)
+                    if not self._save_due():
+                        self.save_checkpoint()
+                    log.warning("rerun the same command to resume from step %d", self.step)
+            finally:
+                bar.close()
+                c.store.close()  # waits for an asynchronous save; raises its error if it failed
         return last
+
+    def _step_validate_log(self) -> dict[str, float]:
+        """One training step, then validation when due, then logging."""
+        c, cfg = self.c, self.c.cfg
+        metrics = self.train_step()
+        metrics["training/global_step"] = self.step
+        test_freq = cfg.trainer.test_freq
+        if c.val_rows and test_freq > 0 and (self.step % test_freq == 0 or self.step == c.total_training_steps):
+            t: dict[str, float] = {}
+            with timed("testing", t):
+                metrics.update(self.validate())
+            metrics["timing_s/testing"] = t["testing"]
+        c.logger.log(self.step, metrics)
+        if any(k.startswith("val-core/") for k in metrics) and c.logger.jsonl_path.exists():
+            plot_rewards(c.logger.jsonl_path, c.out_dir / "reward.png")  # the plot follows the run
+        return metrics
+
+    def _check_finite(self, metrics: dict) -> None:
+        """Count consecutive steps whose update was skipped for a non-finite loss/gradient; abort past the limit."""
+        bad = metrics.get("actor/nonfinite_grad", 0) > 0 or metrics.get("critic/nonfinite_grad", 0) > 0
+        self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if bad else 0
+        if bad:
+            log.warning("step %d: non-finite loss or gradient, update skipped (%d in a row)",
+                        self.step, self.nonfinite_in_a_row)
+        limit = self.c.cfg.trainer.max_nonfinite_steps
+        if self.nonfinite_in_a_row >= limit:
+            raise NonFiniteTrainingError(
+                f"{self.nonfinite_in_a_row} consecutive steps ending at step {self.step} had a non-finite loss or "
+                f"gradient (trainer.max_nonfinite_steps={limit}); the non-finite updates were skipped (params and "
+                f"optimizer state kept). Check the rewards and the learning rate; "
+                f"{_latest_checkpoint_text(self.c.store)}"
+            )
+
+    # -- checkpoints -----------------------------------------------------------------------------------------
+
+    def _save_due(self) -> bool:
+        freq = self.c.cfg.trainer.save_freq
+        return freq > 0 and (self.step % freq == 0 or self.step == self.c.total_training_steps)
+
+    def state_arrays(self) -> dict:
+        """The device state a checkpoint holds: params and optimizer states of every trained role."""
+        c = self.c
+        arrays = {"actor": {"params": c.actor.params, "opt_state": c.actor.opt_state}}
+        if c.critic is not None:
+            arrays["critic"] = {"params": c.critic.params, "opt_state": c.critic.opt_state}
+        return arrays
+
+    def state_meta(self) -> dict:
+        """The host state a checkpoint holds (JSON): step, data position, RNGs, KL controller, model info."""
+        c = self.c
+        meta = {
+            "step": self.step,
+            "data_state": c.train_data.get_state(),
+            "kl_ctrl": {k: float(v) for k, v in self.kl_ctrl._asdict().items()},
+            "actor": {"num_updates": c.actor.num_updates, "rng": c.actor.rng.bit_generator.state},
+            "model": c.model_meta,
+        }
+        if c.critic is not None:
+            meta["critic"] = {"num_updates": c.critic.num_updates, "rng": c.critic.rng.bit_generator.state}
+        return meta
+
+    def save_checkpoint(self) -> bool:
+        """Save the full training state at the current step; a failed save is logged, training goes on."""
+        from jaxrl.checkpoint import CheckpointSaveError
+
+        try:
+            return self.c.store.save(self.step, arrays=self.state_arrays(), meta=self.state_meta())
+        except CheckpointSaveError as e:
+            log.error("checkpoint not saved (training state intact, earlier checkpoints kept): %s", e)
+            return False
+
+    def resume(self) -> bool:
+        """Restore the newest complete checkpoint per ``trainer.resume_mode``; True if one was restored."""
+        from jaxrl.checkpoint import CheckpointStore, find_resume_checkpoint
+
+        c, t = self.c, self.c.cfg.trainer
+        found = find_resume_checkpoint(t.resume_mode, c.out_dir, t.resume_from_path)
+        if found is None:
+            return False
+        root, step = found
+        store = c.store if Path(root).resolve() == c.out_dir.resolve() else CheckpointStore(
+            root, max_to_keep=None, read_only=True)
+        step, arrays, meta = store.restore(step, like=self.state_arrays())
+        c.actor.params, c.actor.opt_state = arrays["actor"]["params"], arrays["actor"]["opt_state"]
+        c.actor.num_updates = meta["actor"]["num_updates"]
+        c.actor.rng.bit_generator.state = meta["actor"]["rng"]
+        if c.critic is not None:
+            c.critic.params, c.critic.opt_state = arrays["critic"]["params"], arrays["critic"]["opt_state"]
+            c.critic.num_updates = meta["critic"]["num_updates"]
+            c.critic.rng.bit_generator.state = meta["critic"]["rng"]
+        c.train_data.set_state(meta["data_state"])
+        self.kl_ctrl = type(self.kl_ctrl)(**meta["kl_ctrl"])
+        self.step = step
+        c.rollout.update_weights(c.actor.params)
+        c.logger.truncate_after(step)  # steps logged after this checkpoint will be logged again
+        log.info("resumed from %s at step %d", store.step_path(step), step)
+        return True
+
+
+def _latest_checkpoint_text(store) -> str:
+    step = store.latest_step()
+    return "no checkpoint was saved yet." if step is None else f"the last checkpoint is {store.step_path(step)}."
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """Too many consecutive steps had a non-finite loss or gradient (``trainer.max_nonfinite_steps``)."""
+
+
+@contextlib.contextmanager
+def _sigterm_flag():
+    """A ``threading.Event`` set by SIGTERM while the block runs (main thread only; elsewhere never set)."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # -- wiring ------------------------------------------------------------------------------------------------
@@ -395,6 +524,7 @@ def build(cfg) -> Components:
     """
     from flax import nnx
 
+    from jaxrl.checkpoint import CheckpointStore, max_to_keep_from_config, model_meta
     from jaxrl.config.loader import config_to_dict
     from jaxrl.workers.rollout import make_rollout_engine
 
@@ -418,9 +548,17 @@ def build(cfg) -> Components:
         cfg.trainer.logger, out_dir, project_name=cfg.trainer.project_name,
         experiment_name=cfg.trainer.experiment_name, config=config_to_dict(cfg),
     )
+    store = CheckpointStore(
+        out_dir, async_save=cfg.trainer.checkpoint_async,
+        max_to_keep=max_to_keep_from_config(
+            cfg.trainer.max_actor_ckpt_to_keep, cfg.trainer.max_critic_ckpt_to_keep, has_critic=critic is not None
+        ),
+    )
+    store.save_tokenizer(tokenizer)
     return Components(
         cfg=cfg, tokenizer=tokenizer, model_cfg=pre.config, actor=actor, ref=ref, rollout=rollout, reward=reward,
         train_data=train_data, val_rows=val_examples, logger=logger, out_dir=out_dir, total_training_steps=total,
+        store=store, model_meta=model_meta(pre.config, path=arr.model.path, param_dtype=arr.model.param_dtype),
         critic=critic,
     )
 
@@ -494,6 +632,7 @@ def _build_actor_and_reference(cfg, graphdef, params, total_training_steps):
         log_prob_micro_batch_size=rollout_cfg.log_prob_micro_batch_size_per_gpu,
         total_training_steps=total_training_steps, seed=cfg.trainer.seed, ref_params=ref_params,
     )
+    actor.init_optimizer(cfg.data.train_batch_size * rollout_cfg.n)  # now, so a checkpoint always has its state
     if ref_params is None:
         return actor, None
     micro = arr.ref.log_prob_micro_batch_size_per_gpu or rollout_cfg.log_prob_micro_batch_size_per_gpu
@@ -514,10 +653,12 @@ def _build_critic(cfg, policy, total_training_steps):
         remat=cc.model.enable_gradient_checkpointing, seed=cfg.trainer.seed,
     )
     graphdef, params = nnx.split(model)
-    return CriticWorker(
+    critic = CriticWorker(
         graphdef, params, cc, rollout_n=cfg.actor_rollout_ref.rollout.n, total_training_steps=total_training_steps,
         seed=cfg.trainer.seed,
     )
+    critic.init_optimizer(cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n)
+    return critic
 
 
 def _build_reward(cfg):
@@ -560,6 +701,7 @@ def run_training(cfg) -> dict[str, float]:
     """Build the run, train, write the reward plot and export the final model; returns the last metrics."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU found" noise on CPU/GPU
+    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's per-save progress lines
     t0 = time.perf_counter()
     c = build(cfg)
     log.info(

@@ -180,7 +180,7 @@ class ActorWorker:
             options=_loss_options(actor_cfg.policy_loss),
         )
         self._policy_loss = get_policy_loss(self.loss_cfg.loss_mode)
-        self._rng = np.random.default_rng(seed)
+        self.rng = np.random.default_rng(seed)
         self.log_prob = LogProbComputer(graphdef, micro_batch_size=log_prob_micro_batch_size, temperature=temperature)
         # The schedule counts optimizer updates; verl counts RL steps: pass updates per step so they agree.
         self.updates_per_step = actor_cfg.ppo_epochs  # x mini-batches, fixed once the batch size is known
@@ -339,7 +339,7 @@ class ActorWorker:
         mini, micro = self.mini_batch_rows, self.micro_batch_rows
         history: list[dict] = []
         for _ in range(self.cfg.ppo_epochs):
-            order = self._rng.permutation(batch.size) if self.cfg.shuffle else np.arange(batch.size)
+            order = self.rng.permutation(batch.size) if self.cfg.shuffle else np.arange(batch.size)
             for start in range(0, batch.size, mini):
                 idx = order[start : start + mini]
                 stacked, num_tokens, num_seqs = self.stack_micro(arrays, idx, mini, micro)

@@ -92,7 +92,7 @@ class CriticWorker:
         if not self.cliprange_value >= 0:
             raise ValueError(f"critic.cliprange_value must be >= 0, got {critic_cfg.cliprange_value}")
         self.loss_agg_mode = critic_cfg.loss_agg_mode
-        self._rng = np.random.default_rng(seed)
+        self.rng = np.random.default_rng(seed)
         self.updates_per_step = int(critic_cfg.ppo_epochs)  # x mini-batches, fixed once the batch size is known
         self._tx = None
         self.schedule = None
@@ -250,7 +250,7 @@ class CriticWorker:
         mini, micro = self.mini_batch_rows, self.micro_batch_rows
         history: list[dict] = []
         for _ in range(int(self.cfg.ppo_epochs)):
-            order = self._rng.permutation(batch.size) if self.cfg.shuffle else np.arange(batch.size)
+            order = self.rng.permutation(batch.size) if self.cfg.shuffle else np.arange(batch.size)
             for start in range(0, batch.size, mini):
                 idx = order[start : start + mini]
                 stacked, num_tokens, num_seqs = self.stack_micro(arrays, idx, mini, micro)
