@@ -95,36 +95,36 @@ def _load_export_tokenizer(store, model: dict):
     raise ExportError(f"no tokenizer: {str(store.directory / 'tokenizer')!r} is missing and meta['model'] has no path")
 
 
-def export_checkpoint(checkpoint: str | os.PathLike, output: str | os.PathLike, *, step: int | None = None) -> Path:
-    """Write the actor of a training checkpoint as a Hugging Face model folder.
+def is_checkpoint_path(path: str | os.PathLike) -> bool:
+    """True if ``path`` is a run's checkpoint directory (has ``global_step_<N>`` folders) or one step folder."""
+    from jaxrl.checkpoint import parse_step_dir
+
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        return False
+    return parse_step_dir(p) is not None or any(parse_step_dir(c) is not None for c in p.iterdir() if c.is_dir())
+
+
+def load_checkpoint_policy(checkpoint: str | os.PathLike, *, step: int | None = None):
+    """The actor of a training checkpoint as ``(step, Pretrained)`` (params on the CPU, tokenizer included).
 
     Args:
       checkpoint: a run's checkpoint directory or one ``global_step_<N>`` folder (see the module docstring).
-      output: the folder to create (it may exist if empty); written to a temporary sibling and renamed, so a
-        failed export leaves no half-written model.
-      step: the step to export; None = the step folder's, or the newest restorable step of the run.
-
-    Returns:
-      The output folder.
+      step: the step to load; None = the step folder's, or the newest restorable step of the run.
 
     Raises:
-      ExportError: bad input (missing/incomplete checkpoint, no model meta, no tokenizer, output not empty).
+      ExportError: bad input (missing/incomplete checkpoint, no model meta, no tokenizer).
       jaxrl.checkpoint.CheckpointRestoreError: no restorable checkpoint (message names the folder and steps).
     """
     import jax
-    import jax.numpy as jnp
     from flax import nnx
 
     from jaxrl.checkpoint import CheckpointRestoreError, CheckpointStore
-    from jaxrl.models import parse_dtype
+    from jaxrl.models import Pretrained, parse_dtype
     from jaxrl.models.config import ModelConfig
     from jaxrl.models.decoder import Decoder
-    from jaxrl.models.hf import save_hf
 
     root, step = resolve_checkpoint_arg(checkpoint, step)
-    out = Path(output).expanduser().absolute()
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ExportError(f"output {str(out)!r} already exists and is not an empty folder")
     store = CheckpointStore(root, max_to_keep=None, read_only=True)
     if not store.steps():
         raise ExportError(f"checkpoint directory {str(root)!r} holds no complete global_step_<N> checkpoint")
@@ -155,18 +155,43 @@ def export_checkpoint(checkpoint: str | os.PathLike, output: str | os.PathLike, 
         store.close()
     model = nnx.merge(built["graphdef"], arrays["actor"]["params"])
     tokenizer = _load_export_tokenizer(store, built["model"])
+    log.info("loaded step %d of %s", step, root)
+    return step, Pretrained(config=built["cfg"], model=model, tokenizer=tokenizer)
+
+
+def export_checkpoint(checkpoint: str | os.PathLike, output: str | os.PathLike, *, step: int | None = None) -> Path:
+    """Write the actor of a training checkpoint as a Hugging Face model folder.
+
+    Args:
+      checkpoint: a run's checkpoint directory or one ``global_step_<N>`` folder (see the module docstring).
+      output: the folder to create (it may exist if empty); written to a temporary sibling and renamed, so a
+        failed export leaves no half-written model.
+      step: the step to export; None = the step folder's, or the newest restorable step of the run.
+
+    Returns:
+      The output folder.
+
+    Raises:
+      ExportError: bad input (missing/incomplete checkpoint, no model meta, no tokenizer, output not empty).
+      jaxrl.checkpoint.CheckpointRestoreError: no restorable checkpoint (message names the folder and steps).
+    """
+    from jaxrl.models.hf import save_hf
+
+    out = Path(output).expanduser().absolute()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(f"output {str(out)!r} already exists and is not an empty folder")
+    step, pre = load_checkpoint_policy(checkpoint, step=step)
     tmp = out.parent / f".{out.name}.export-tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        save_hf(model, built["cfg"], tmp, tokenizer=tokenizer)
+        save_hf(pre.model, pre.config, tmp, tokenizer=pre.tokenizer)
         if out.exists():
             out.rmdir()  # empty (checked above)
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    n = sum(int(jnp.size(x)) for x in jax.tree.leaves(arrays))
-    log.info("exported step %d of %s (%d parameters) to %s", step, root, n, out)
+    log.info("exported step %d of %s to %s", step, checkpoint, out)
     return out
 
 

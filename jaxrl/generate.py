@@ -29,7 +29,10 @@ __all__ = ["build_parser", "encode_prompt", "main"]
 def build_parser() -> argparse.ArgumentParser:
     """The CLI's argument parser (see the module docstring)."""
     p = argparse.ArgumentParser(prog="python -m jaxrl.generate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="HF model dir, .gguf file, llama2.c .bin, or alias (stories260K)")
+    p.add_argument(
+        "--model", required=True,
+        help="HF model dir, .gguf file, llama2.c .bin, alias (stories260K), or a training checkpoint folder",
+    )
     p.add_argument("--prompt", required=True, help='prompt text; "" = BOS only')
     p.add_argument("--greedy", action="store_true", help="argmax decoding (ignores temperature/top-p/top-k)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default 64)")
@@ -110,9 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     from jaxrl.models import load_pretrained
     from jaxrl.rollout.jax_sampler import JaxSampler
 
+    from jaxrl.export import is_checkpoint_path, load_checkpoint_policy
+
     try:
-        pre = load_pretrained(args.model, param_dtype=args.dtype, dtype=args.dtype)
-    except (OSError, ValueError, KeyError) as e:
+        if is_checkpoint_path(args.model):  # a training run's checkpoint folder (or one global_step_N)
+            _, pre = load_checkpoint_policy(args.model)
+        else:
+            pre = load_pretrained(args.model, param_dtype=args.dtype, dtype=args.dtype)
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
         return _fail(f"cannot load model {args.model!r}: {e}")
     cfg, tok = pre.config, pre.tokenizer
     try:

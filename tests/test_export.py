@@ -90,6 +90,14 @@ def test_export_matches_transformers_and_generate(run_dir, tmp_path, capsys):
     assert len(hf_ids) > 1 and hf_ids[0] == run_dir["bos"]
     # the perturbation shows: the pretrained model's greedy continuation is different
     assert hf_ids != run_dir["golden"][: len(hf_ids)]
+    # jaxrl.generate also samples straight from the checkpoint folder, with the same tokens
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxrl.generate", "--model", str(run_dir["root"] / "global_step_4"), "--prompt", "",
+         "--greedy", "--max-new-tokens", str(NEW_TOKENS), "--output-ids"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == hf_ids
 
 
 def test_export_from_run_dir_uses_newest_step(run_dir, tmp_path):
