@@ -40,8 +40,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), load the config, then print it or train.
 
-    Returns the process exit status (0 ok, 1 missing model/data file or diverged training, 2 config/usage error). Compat notes (verl keys with no
-    JAX meaning) go to stderr, one line each. Training is ``jaxrl.trainer.run_training(cfg)``,
+    Returns the process exit status (0 ok, 1 a missing/unreadable model or data file or diverged training,
+    2 config/usage error). Compat notes (verl keys with no JAX meaning) go to stderr, one line each. Training is ``jaxrl.trainer.run_training(cfg)``,
     imported only after the config is valid.
     """
     parser = _parser()
@@ -62,11 +62,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(config_to_yaml(loaded.config))
         sys.stdout.flush()
         return 0
+    from jaxrl.data.sources import DataFileError
     from jaxrl.trainer import NonFiniteTrainingError, run_training  # heavy (jax); only after the config is valid
 
     try:
         run_training(loaded.config)
-    except (FileNotFoundError, NonFiniteTrainingError) as e:  # the message names the culprit and the fix
+    except (FileNotFoundError, DataFileError, NonFiniteTrainingError) as e:  # names the culprit and the fix
         print(f"jaxrl: error: {e}", file=sys.stderr)
         return 1
     return 0

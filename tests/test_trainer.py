@@ -106,3 +106,26 @@ def test_unavailable_rollout_engine_is_a_clear_error(name):
     cfg = SimpleNamespace(actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(name=name)))
     with pytest.raises(ValueError, match=f"rollout.name='{name}'.*valid here: jax"):
         make_rollout_engine(cfg, None, None, None, None)
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b"not a parquet file", "unreadable parquet file"),
+])
+def test_unreadable_data_file_is_a_clean_error(tmp_path, capsys, content, expected):
+    from jaxrl.train import main
+
+    bad = tmp_path / "train.parquet"
+    bad.write_bytes(content)
+    assert main(["--config", "configs/quickstart.yaml", f"data.train_files={bad}"]) == 1
+    err = capsys.readouterr().err
+    assert str(bad) in err and expected in err
+
+
+def test_malformed_row_names_file_and_line(tmp_path, capsys):
+    from jaxrl.train import main
+
+    bad = tmp_path / "rows.jsonl"
+    bad.write_text('{"prompt": "Once upon a time", "data_source": "tinystories/sentiment"}\n{"text": 1}\n')
+    assert main(["--config", "configs/quickstart.yaml", f"data.train_files={bad}"]) == 1
+    err = capsys.readouterr().err
+    assert "rows.jsonl:2" in err and "skip_malformed" in err

@@ -88,6 +88,10 @@ def resolve_data_path(p: str | os.PathLike) -> Path:
     return path.resolve()
 
 
+class DataFileError(ValueError):
+    """A data file exists but cannot be read (corrupt or not in the format its name says)."""
+
+
 @dataclass
 class LoadedRows:
     """Result of :func:`load_rows_report`.
@@ -149,11 +153,15 @@ def _iter_json_rows(path: Path):
 
 def _iter_parquet_rows(path: Path, prompt_key: str):
     """Yield ``(row_no, row)`` for a parquet file; ``row_no`` is 1-based."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pq.read_table(path)
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        raise DataFileError(f"{path}: unreadable parquet file ({e})") from e
     if prompt_key not in table.column_names:
-        raise ValueError(
+        raise DataFileError(
             f"{path}: parquet file has no {prompt_key!r} column (columns: {table.column_names})"
         )
     yield from enumerate(table.to_pylist(), start=1)
@@ -203,7 +211,7 @@ def load_rows_report(
             it = _iter_json_rows(path)
             unit = "line"
         else:
-            raise ValueError(
+            raise DataFileError(
                 f"unsupported data file suffix {path.suffix!r} for {path}; "
                 f"supported: {list(PARQUET_SUFFIXES + JSON_SUFFIXES)}"
             )
@@ -214,7 +222,7 @@ def load_rows_report(
                 continue
             where = f"{path}:{no}: malformed {unit} {no}: {reason}"
             if not skip_malformed:
-                raise ValueError(where + " (pass skip_malformed=True to skip such rows)")
+                raise DataFileError(where + " (pass skip_malformed=True to skip such rows)")
             skipped.append(where)
     if skipped:
         logger.warning(
