@@ -157,7 +157,8 @@ def test_async_save_is_isolated_from_later_updates(tmp_path, state):
     assert store.save(7, arrays=arrays, meta=_meta(7)) is True
     bump = jax.jit(lambda p: jax.tree.map(lambda x: x * 2.0 + 1.0, p), donate_argnums=0)
     live = bump(arrays["actor"]["params"])
-    assert all(x.is_deleted() for x in jax.tree.leaves(arrays["actor"]["params"]))  # really donated
+    # XLA donates the buffers unless the pending save still references them (then it copies); either way the
+    # checkpoint must hold the values at save() time and the live state must be the updated one.
     store.wait()
     assert store.steps() == [7]
     _, restored, _ = store.restore(like=_arrays(state))

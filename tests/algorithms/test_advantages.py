@@ -101,7 +101,11 @@ def test_grpo_rejects_bad_group_ids_and_shapes():
         compute_grpo_outcome_advantage(rewards, mask[:, :-1], ids)
 
 
-def test_registry():
+def test_registry(monkeypatch):
+    from jaxrl.algorithms import advantages
+
+    # register into a copy, so the global registry (the config's choice list) is untouched afterwards
+    monkeypatch.setattr(advantages, "_ADV_ESTIMATORS", dict(advantages._ADV_ESTIMATORS))
     assert get_adv_estimator("grpo") is compute_grpo_outcome_advantage
     assert "grpo" in registered_adv_estimators()
     with pytest.raises(ValueError, match=r"unknown advantage estimator 'nope'.*'grpo'"):
