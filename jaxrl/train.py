@@ -70,6 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, DataFileError, NonFiniteTrainingError) as e:  # names the culprit and the fix
         print(f"jaxrl: error: {e}", file=sys.stderr)
         return 1
+    except ConfigError as e:  # a setting only checkable once jax is up (e.g. mesh sizes vs device count)
+        print(f"jaxrl: config error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

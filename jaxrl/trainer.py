@@ -49,6 +49,8 @@ class Components:
     store: object  # jaxrl.checkpoint.CheckpointStore over trainer.default_local_dir
     model_meta: dict  # what jaxrl.export needs to rebuild the policy from a checkpoint
     critic: object | None = None
+    placement: object | None = None  # jaxrl.workers.placement.Placement; None = every role on one device
+    translator: object | None = None  # sharding.Translator actor params -> rollout layout (with a placement)
 
 
 def _sampling_params(rollout_cfg, max_new_tokens: int, *, validation: bool, seed: int):
@@ -181,7 +183,7 @@ class Trainer:
                 with timed("update_actor", t):
                     metrics.update(c.actor.update(batch))
                 with timed("sync", t):
-                    c.rollout.update_weights(c.actor.params)
+                    metrics["sync/bytes"] = self.sync_rollout()
 
         metrics.update(batch_metrics(batch))
         metrics.update({f"timing_s/{k}": v for k, v in t.items()})
@@ -190,6 +192,21 @@ class Trainer:
         metrics["perf/throughput"] = n_tokens / max(t["step"], 1e-9)
         metrics["training/epoch"] = c.train_data.epoch
         return metrics
+
+    def sync_rollout(self) -> int:
+        """Give the rollout engine the actor's current weights; returns the bytes moved between devices.
+
+        With a placement the translator re-lays the train-mesh params out for the rollout mesh (colocated: one
+        jitted reshard; split: device-to-device copies) and the count is its ``bytes_moved``; without one the
+        engine takes the params as they are (0 bytes).
+        """
+        c = self.c
+        if c.translator is None:
+            c.rollout.update_weights(c.actor.params)
+            return 0
+        params, report = c.translator.sync(c.actor.params)
+        c.rollout.update_weights(params)
+        return report.bytes_moved
 
     def _collect_batch(self, t: dict, metrics: dict) -> RLBatch:
         """Generate and score the step's responses.
@@ -479,7 +496,7 @@ class Trainer:
         c.train_data.set_state(meta["data_state"])
         self.kl_ctrl = type(self.kl_ctrl)(**meta["kl_ctrl"])
         self.step = step
-        c.rollout.update_weights(c.actor.params)
+        self.sync_rollout()  # the params were restored onto the train shardings (like=state_arrays())
         c.logger.truncate_after(step)  # steps logged after this checkpoint will be logged again
         log.info("resumed from %s at step %d", store.step_path(step), step)
         return True
@@ -520,15 +537,19 @@ def _jnp_dtype(name: str):
 def build(cfg) -> Components:
     """Construct every role of a run from a validated config (heavy imports happen here).
 
-    Data files are read first so a missing or malformed file fails before the (slow) model load.
+    The device placement (``trainer.mesh`` / ``placement``) is checked first and data files are read next, so a
+    mesh that does not fit the devices or a missing or malformed file fails before the (slow) model load.
     """
     from flax import nnx
 
     from jaxrl.checkpoint import CheckpointStore, max_to_keep_from_config, model_meta
     from jaxrl.config.loader import config_to_dict
-    from jaxrl.workers.rollout import make_rollout_engine
+    from jaxrl.workers.placement import placement_from_config
 
     arr = cfg.actor_rollout_ref
+    placement = placement_from_config(cfg)  # device counts checked before anything slow
+    if placement is not None:
+        log.info("placement %s", placement.describe())
     out_dir = Path(cfg.trainer.default_local_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -540,9 +561,9 @@ def build(cfg) -> Components:
     )
     total = cfg.trainer.total_training_steps or cfg.trainer.total_epochs * train_data.steps_per_epoch
 
-    actor, ref = _build_actor_and_reference(cfg, graphdef, params, total)
-    critic = _build_critic(cfg, pre, total) if cfg.algorithm.adv_estimator == "gae" else None
-    rollout = make_rollout_engine(cfg, pre.config, graphdef, params, tokenizer)
+    actor, ref = _build_actor_and_reference(cfg, graphdef, params, total, placement)
+    critic = _build_critic(cfg, pre, total, placement) if cfg.algorithm.adv_estimator == "gae" else None
+    rollout, translator = _build_rollout(cfg, pre.config, graphdef, params, tokenizer, actor, placement)
     reward = _build_reward(cfg)
     logger = MetricsLogger(
         cfg.trainer.logger, out_dir, project_name=cfg.trainer.project_name,
@@ -559,7 +580,7 @@ def build(cfg) -> Components:
         cfg=cfg, tokenizer=tokenizer, model_cfg=pre.config, actor=actor, ref=ref, rollout=rollout, reward=reward,
         train_data=train_data, val_rows=val_examples, logger=logger, out_dir=out_dir, total_training_steps=total,
         store=store, model_meta=model_meta(pre.config, path=arr.model.path, param_dtype=arr.model.param_dtype),
-        critic=critic,
+        critic=critic, placement=placement, translator=translator,
     )
 
 
@@ -616,8 +637,16 @@ def _prompt_pipelines(d, tokenizer, train_rows, val_rows, *, dynamic_sampling: b
     return train, examples
 
 
-def _build_actor_and_reference(cfg, graphdef, params, total_training_steps):
-    """The actor, and the frozen reference (a copy of the initial params) when a KL term needs it."""
+def _mesh_args(placement) -> dict:
+    """``mesh=`` / ``rules=`` for a trained role: the train mesh and rules, or nothing (one device)."""
+    return {} if placement is None else {"mesh": placement.train_mesh, "rules": placement.rules}
+
+
+def _build_actor_and_reference(cfg, graphdef, params, total_training_steps, placement=None):
+    """The actor, and the frozen reference (a copy of the initial params) when a KL term needs it.
+
+    With a placement both live on the train mesh; the reference's params take the actor's shardings.
+    """
     import jax
 
     from jaxrl.workers.actor import ActorWorker, LogProbComputer
@@ -631,16 +660,43 @@ def _build_actor_and_reference(cfg, graphdef, params, total_training_steps):
         graphdef, params, arr.actor, rollout_n=rollout_cfg.n, temperature=rollout_cfg.temperature,
         log_prob_micro_batch_size=rollout_cfg.log_prob_micro_batch_size_per_gpu,
         total_training_steps=total_training_steps, seed=cfg.trainer.seed, ref_params=ref_params,
+        **_mesh_args(placement),
     )
     actor.init_optimizer(cfg.data.train_batch_size * rollout_cfg.n)  # now, so a checkpoint always has its state
     if ref_params is None:
         return actor, None
+    if placement is not None:
+        from sharding import shard_state
+
+        ref_params = shard_state(ref_params, actor.param_shardings)
     micro = arr.ref.log_prob_micro_batch_size_per_gpu or rollout_cfg.log_prob_micro_batch_size_per_gpu
-    ref = _Reference(LogProbComputer(graphdef, micro_batch_size=micro, temperature=rollout_cfg.temperature), ref_params)
+    ref = _Reference(LogProbComputer(graphdef, micro_batch_size=micro, temperature=rollout_cfg.temperature,
+                                     **_mesh_args(placement)), ref_params)
     return actor, ref
 
 
-def _build_critic(cfg, policy, total_training_steps):
+def _build_rollout(cfg, model_cfg, graphdef, params, tokenizer, actor, placement):
+    """The rollout engine and, with a placement, the translator that feeds it (None without one).
+
+    With a placement the embedded sampler starts on the actor's params as translated onto the rollout mesh, so the
+    first sync and every later one take the same path. Other engines (vLLM) lay out and place their weights
+    themselves: they get the actor's params as they are, with or without a train mesh.
+    """
+    from jaxrl.workers.rollout import make_rollout_engine
+
+    if placement is None or cfg.actor_rollout_ref.rollout.name != "jax":
+        return make_rollout_engine(cfg, model_cfg, graphdef, actor.params if placement else params, tokenizer), None
+    from jaxrl.workers.placement import build_translator
+
+    translator = build_translator(actor.params, placement)
+    rollout_params, report = translator.sync(actor.params)
+    log.info("initial weight sync: %d tensors, %.1f MB moved in %.2f s", report.num_tensors,
+             report.bytes_moved / 1e6, report.seconds)
+    rollout = make_rollout_engine(cfg, model_cfg, graphdef, rollout_params, tokenizer, mesh=placement.rollout_mesh)
+    return rollout, translator
+
+
+def _build_critic(cfg, policy, total_training_steps, placement=None):
     """PPO's critic: a value model from ``critic.model.path`` or, when unset, from the policy's weights."""
     from flax import nnx
 
@@ -655,7 +711,7 @@ def _build_critic(cfg, policy, total_training_steps):
     graphdef, params = nnx.split(model)
     critic = CriticWorker(
         graphdef, params, cc, rollout_n=cfg.actor_rollout_ref.rollout.n, total_training_steps=total_training_steps,
-        seed=cfg.trainer.seed,
+        seed=cfg.trainer.seed, **_mesh_args(placement),  # the critic follows the actor's mesh
     )
     critic.init_optimizer(cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n)
     return critic

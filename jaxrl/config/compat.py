@@ -51,7 +51,8 @@ NOTES: dict[str, str] = {
         "used by vLLM (rollout.name=vllm) for its KV-cache share; the jax sampler sizes its cache from shapes"
     ),
     "actor_rollout_ref.rollout.tensor_model_parallel_size": (
-        "used by vLLM/JetStream (rollout.name=vllm|jetstream); the jax sampler uses the training mesh"
+        "used by vLLM/JetStream, and by the jax sampler only when a mesh is on (trainer.mesh / "
+        "trainer.placement=split): its tensor-parallel degree over the rollout devices"
     ),
     # ---- FSDP / torch engine settings
     "actor_rollout_ref.actor.fsdp_config.*": _FSDP,

@@ -472,6 +472,7 @@ def _validate(cfg: JaxRLConfig) -> None:
     c.int_at_least("trainer.max_actor_ckpt_to_keep", 1, off=0, nullable=True)
     c.int_at_least("trainer.max_critic_ckpt_to_keep", 1, off=0, nullable=True)
     c.int_at_least("trainer.max_nonfinite_steps", 1)
+    _validate_mesh(cfg, c)
     # rewards
     if cfg.reward_model.enable:
         raise ConfigError(
@@ -547,6 +548,131 @@ def _validate_cross(cfg: JaxRLConfig) -> None:
             "actor_rollout_ref.rollout.val_kwargs.do_sample=True needs "
             f"actor_rollout_ref.rollout.val_kwargs.temperature > 0; got {vk.temperature!r}"
         )
+
+
+# ------------------------------------------------------------------------------ device mesh
+def mesh_enabled(cfg: JaxRLConfig) -> bool:
+    """True when the run trains on a device mesh: any ``trainer.mesh`` axis is set, or ``trainer.placement`` is
+    ``"split"``. False = every role on one device (the single-device run)."""
+    m = cfg.trainer.mesh
+    return cfg.trainer.placement == "split" or any(v is not None for v in (m.data, m.fsdp, m.tensor))
+
+
+def mesh_sizes(cfg: JaxRLConfig) -> dict[str, int]:
+    """``trainer.mesh`` with unset axes filled: ``{"data": d, "fsdp": f, "tensor": t}``.
+
+    Unset (null) axes are 1, except ``fsdp``, which is -1 (fill the remaining devices) unless another axis is -1.
+    """
+    m = cfg.trainer.mesh
+    data = 1 if m.data is None else m.data
+    tensor = 1 if m.tensor is None else m.tensor
+    fsdp = m.fsdp if m.fsdp is not None else (1 if -1 in (data, tensor) else -1)
+    return {"data": data, "fsdp": fsdp, "tensor": tensor}
+
+
+_DEFAULT_BATCH_AXES: tuple[str, ...] = ("data", "fsdp")  # sharding.rules.DEFAULT_RULES["batch"]
+
+
+def batch_mesh_axes(cfg: JaxRLConfig) -> tuple[str, ...]:
+    """The mesh axes that split batch rows: ``trainer.sharding_rules["batch"]`` if given, else ``(data, fsdp)``."""
+    rules = cfg.trainer.sharding_rules or {}
+    if "batch" not in rules:
+        return _DEFAULT_BATCH_AXES
+    v = rules["batch"]
+    return () if v is None else ((v,) if isinstance(v, str) else tuple(v))
+
+
+def check_mesh_batch_sizes(cfg: JaxRLConfig, sizes: dict[str, int]) -> None:
+    """Every micro-batch of a trained role must split evenly over the mesh's batch axes.
+
+    With a mesh, a ``*_micro_batch_size_per_gpu`` value counts the rows of one micro-batch on the whole mesh;
+    its rows are split over the batch axes (``data x fsdp`` by default), so it must be a multiple of their product.
+    Unset micro-batch sizes fall back as the roles do (the actor's and the critic's to their mini-batch rows).
+
+    Args:
+      cfg: the loaded config.
+      sizes: resolved mesh sizes ``{"data", "fsdp", "tensor"}`` (no -1).
+
+    Raises:
+      ConfigError: names the key, its value, the mesh sizes and the valid multiple.
+    """
+    axes = batch_mesh_axes(cfg)
+    shards = math.prod(sizes[a] for a in axes)
+    if shards <= 1:
+        return
+    arr, n = cfg.actor_rollout_ref, cfg.actor_rollout_ref.rollout.n
+    actor_rows = arr.actor.ppo_micro_batch_size_per_gpu or arr.actor.ppo_mini_batch_size * n
+    checks = [
+        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", actor_rows),
+        ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", arr.rollout.log_prob_micro_batch_size_per_gpu),
+        ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", arr.ref.log_prob_micro_batch_size_per_gpu),
+    ]
+    if cfg.algorithm.adv_estimator in schema.CRITIC_ADV_ESTIMATORS:
+        k = cfg.critic
+        critic_rows = k.ppo_micro_batch_size_per_gpu or (k.ppo_mini_batch_size or arr.actor.ppo_mini_batch_size) * n
+        checks += [
+            ("critic.ppo_micro_batch_size_per_gpu", critic_rows),
+            ("critic.forward_micro_batch_size_per_gpu", k.forward_micro_batch_size_per_gpu or critic_rows),
+        ]
+    mesh_s = " x ".join(f"{a}={sizes[a]}" for a in axes)
+    for key, rows in checks:
+        if rows is not None and rows % shards:
+            raise ConfigError(
+                f"{key}={rows} rows per micro-batch do not split over the {shards} batch shards of the train mesh "
+                f"(trainer.mesh {mesh_s}; each device takes micro-batch / {shards} rows); "
+                f"valid: a multiple of {shards}, e.g. {max(shards, rows - rows % shards)}"
+            )
+
+
+def _validate_mesh(cfg: JaxRLConfig, c: _Checks) -> None:
+    """``trainer.mesh``, ``trainer.placement``, ``trainer.rollout_devices``, ``trainer.sharding_rules``: the checks
+    that need no devices (device counts are checked when the run is built, by ``jaxrl.workers.placement``)."""
+    t = cfg.trainer
+    c.choice("trainer.placement", schema.PLACEMENT_CHOICES)
+    for axis in schema.MESH_AXIS_CHOICES:
+        c.int_at_least(f"trainer.mesh.{axis}", 1, off=-1, nullable=True)
+    sizes = mesh_sizes(cfg)
+    if sum(v == -1 for v in sizes.values()) > 1:
+        raise ConfigError(
+            f"trainer.mesh {sizes} (unset axes filled) has more than one axis set to -1; at most one axis may fill "
+            "the remaining devices"
+        )
+    if t.placement == "split" and cfg.actor_rollout_ref.rollout.name != "jax":
+        c.fail("trainer.placement", f"'colocated' with actor_rollout_ref.rollout.name="
+               f"{cfg.actor_rollout_ref.rollout.name!r} (that engine places its own weights; split placement moves "
+               "weights to the embedded jax sampler's devices)")
+    if t.placement == "split":
+        v = t.rollout_devices
+        if not (_is_int(v) and v >= 1):
+            c.fail("trainer.rollout_devices", "an int >= 1 with trainer.placement='split' (how many devices, taken "
+                   "from the end of jax.devices(), the rollout engine gets)")
+    elif t.rollout_devices is not None:
+        c.fail("trainer.rollout_devices", "null unless trainer.placement='split' (colocated rollout uses the train "
+               "devices)")
+    _validate_sharding_rules(t.sharding_rules)
+    if mesh_enabled(cfg) and all(sizes[a] != -1 for a in batch_mesh_axes(cfg)):
+        check_mesh_batch_sizes(cfg, sizes)
+
+
+def _validate_sharding_rules(rules: Any) -> None:
+    key = "trainer.sharding_rules"
+    if rules is None:
+        return
+    if not isinstance(rules, dict):
+        raise ConfigError(f"{key}={rules!r} is invalid; expected a mapping {{logical axis: mesh axis | [mesh axes] "
+                          "| null}}, e.g. {embed: null}")
+    axes = ", ".join(repr(a) for a in schema.MESH_AXIS_CHOICES)
+    for name, value in rules.items():
+        if name not in schema.LOGICAL_AXIS_CHOICES:
+            guess = difflib.get_close_matches(str(name), schema.LOGICAL_AXIS_CHOICES, n=1)
+            hint = f"did you mean {guess[0]!r}? " if guess else ""
+            raise ConfigError(f"{key} has an unknown logical axis {name!r}; {hint}valid: "
+                              + ", ".join(repr(a) for a in schema.LOGICAL_AXIS_CHOICES))
+        items = [] if value is None else ([value] if isinstance(value, str) else value)
+        if not isinstance(items, list) or any(a not in schema.MESH_AXIS_CHOICES for a in items) \
+                or len(set(items)) != len(items):
+            raise ConfigError(f"{key}.{name}={value!r} is invalid; expected null (replicated), a mesh axis "
+                              f"({axes}) or a list of distinct mesh axes")
 
 
 def _check_mini_batches(cfg: JaxRLConfig, section: str, mini: int, micro: Optional[int]) -> None:

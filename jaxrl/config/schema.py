@@ -58,6 +58,11 @@ KL_CTRL_TYPE_CHOICES: tuple[str, ...] = ("fixed", "adaptive")
 LOGGER_CHOICES: tuple[str, ...] = ("console", "jsonl", "tensorboard", "wandb")
 RESUME_MODE_CHOICES: tuple[str, ...] = ("auto", "disable", "resume_path")  # = jaxrl.checkpoint.RESUME_MODES
 REWARD_MANAGER_CHOICES: tuple[str, ...] = ("naive",)
+PLACEMENT_CHOICES: tuple[str, ...] = ("colocated", "split")  # = jaxrl.workers.placement.PLACEMENTS
+MESH_AXIS_CHOICES: tuple[str, ...] = ("data", "fsdp", "tensor")  # = sharding.mesh.MESH_AXES
+# Logical axis names the decoder / value model parameters carry, plus "batch" (= the rows of every batch array);
+# the keys of sharding.rules.DEFAULT_RULES.
+LOGICAL_AXIS_CHOICES: tuple[str, ...] = ("batch", "vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "layers")
 
 
 # ------------------------------------------------------------------------------------- data
@@ -170,8 +175,13 @@ class RolloutConfig:
     response_length: int = II("data.max_response_length")  # response width seen by the rollout
     log_prob_micro_batch_size_per_gpu: Optional[int] = None  # responses per device per log-prob forward; null = all
     micro_batch_size: Optional[int] = None  # jaxrl: max sequences per generate call; null = no cap
-    tensor_model_parallel_size: int = 2  # TP degree of vLLM/JetStream (the jax sampler uses the training mesh)
+    # Tensor-parallel degree of the rollout engine: vLLM/JetStream, and the jax sampler when a mesh is on
+    # (trainer.mesh / trainer.placement=split): the sampler's weights are split tensor-parallel over groups of this
+    # many rollout devices and the remaining factor of the rollout devices splits the generated rows
+    # (data-parallel replicas). Without a mesh the jax sampler runs on one device and ignores it.
+    tensor_model_parallel_size: int = 2
     gpu_memory_utilization: float = 0.5  # vLLM: fraction of GPU memory for weights + KV cache
+    update_weights_timeout_s: float = 600.0  # jaxrl/vLLM: seconds one weight sync may take before it fails
     stop_token_ids: list[int] = field(default_factory=list)  # jaxrl: extra ids that end a response (besides eos)
     seed: Optional[int] = None  # jaxrl: sampling PRNG seed; null = trainer.seed (filled by the loader)
     val_kwargs: SamplingKwargs = field(default_factory=SamplingKwargs)  # validation sampling section
@@ -259,6 +269,26 @@ class CriticConfig:
 
 # ---------------------------------------------------------------------------------- trainer
 @dataclass
+class MeshConfig:
+    """``trainer.mesh.*``: the TRAIN device mesh, axes ``(data, fsdp, tensor)`` (jaxrl; verl has FSDP configs).
+
+    All three null (the default) and ``trainer.placement=colocated``: no mesh, every role runs on one device
+    (jax's default device), exactly as a single-device run. Set any axis (or ``trainer.placement=split``) and the
+    actor, reference and critic run SPMD on the mesh: parameters and optimizer state sharded by
+    ``trainer.sharding_rules``, batch rows split over ``data x fsdp``. Then an unset axis is 1, except ``fsdp``,
+    which is -1 (fill) unless another axis is -1. At most one axis may be -1: it takes the train devices left
+    over by the others. The product must equal the train device count (all of ``jax.devices()`` with
+    colocated placement, all but ``trainer.rollout_devices`` with split). With a mesh, every micro-batch size
+    (``*_micro_batch_size_per_gpu``) counts the rows of one micro-batch on the whole mesh and must be divisible
+    by ``data x fsdp`` (each device gets ``micro / (data x fsdp)`` rows).
+    """
+
+    data: Optional[int] = None  # data-parallel size: params replicated, rows split; null = 1
+    fsdp: Optional[int] = None  # fully-sharded data parallel: rows split and params sharded (ZeRO-3); null = -1 (fill)
+    tensor: Optional[int] = None  # tensor parallel: heads / mlp / vocab split; null = 1
+
+
+@dataclass
 class TrainerConfig:
     """``trainer.*``: loop length, validation/checkpoint cadence, logging, world size."""
 
@@ -283,6 +313,20 @@ class TrainerConfig:
     max_critic_ckpt_to_keep: Optional[int] = None  # same for the critic (both live in one step dir: the max applies)
     max_nonfinite_steps: int = 3  # jaxrl: abort after N consecutive steps with a non-finite loss or grad norm
     checkpoint_async: bool = True  # jaxrl: write checkpoints in a background thread (training goes on meanwhile)
+    mesh: MeshConfig = field(default_factory=MeshConfig)  # jaxrl: the train mesh section (all null = one device)
+    # jaxrl: where the rollout engine runs when a mesh is on. "colocated": on the train devices, the weights
+    # re-laid-out for it (tensor-parallel over rollout.tensor_model_parallel_size, replicas over the rest);
+    # "split": on its own trainer.rollout_devices devices (the last ones of jax.devices()), the train mesh on the
+    # rest; weights move device to device at every sync. split turns the mesh on even when trainer.mesh is unset,
+    # and needs actor_rollout_ref.rollout.name=jax (vLLM places its own weights).
+    placement: str = "colocated"
+    rollout_devices: Optional[int] = None  # jaxrl: split only: devices the rollout engine gets (>= 1); null otherwise
+    # jaxrl: overrides of the logical-axis rules, {logical name: mesh axis | [mesh axes] | null (replicated)}, on top
+    # of sharding.rules.DEFAULT_RULES: batch->[data, fsdp], vocab->tensor, embed->fsdp, heads->tensor,
+    # kv_heads->tensor, head_dim->null, mlp->tensor, layers->null. E.g. {embed: null} = no FSDP weight sharding.
+    # A dimension its mesh axes do not divide is replicated. Give it as a mapping:
+    # 'trainer.sharding_rules={embed: null}' (a dotted trainer.sharding_rules.embed=... is not a key).
+    sharding_rules: Optional[dict[str, Any]] = None
 
 
 # ------------------------------------------------------------------------------ rewards

@@ -10,6 +10,12 @@ mini-batch is one optimizer update whose gradient is accumulated over micro-batc
 ``ppo_micro_batch_size_per_gpu`` responses inside a single ``jax.jit`` (``lax.scan``). Loss
 normalisers (token / sequence counts) are those of the whole mini-batch, so gradient accumulation is
 exactly the full-mini-batch gradient.
+
+On a device mesh (``mesh=...``, see :mod:`jaxrl.workers.placement`) the same functions run SPMD: params and
+optimizer state are sharded by the logical-axis rules, every jitted phase has explicit ``in_shardings`` /
+``out_shardings`` (params and optimizer state by the rules, batch rows over the ``"batch"`` rule's axes,
+``data x fsdp``; metrics and log-probs replicated), and each micro-batch's rows are split over those axes.
+Without a mesh (``mesh=None``) nothing of this runs: the programs are the single-device ones.
 """
 
 from __future__ import annotations
@@ -28,8 +34,12 @@ from flax import nnx
 from jaxrl.algorithms import agg_loss, entropy_from_logits, get_policy_loss, kl_penalty, log_probs_from_logits
 from jaxrl.algorithms.policy_loss import tis_weights
 from jaxrl.batch import RLBatch
-from jaxrl.workers.microbatch import pad_rows, row_chunks, stack_micro
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jaxrl.workers.microbatch import check_row_shards, pad_rows, row_chunks, stack_micro
 from jaxrl.workers.optim import make_optimizer
+from jaxrl.workers.placement import batch_shards, jit_sharded, rows_sharding, shard_tree
+from sharding import DEFAULT_RULES, param_shardings, shard_state
 
 
 def _forward_response(graphdef, params, input_ids, positions, attention_mask, prompt_width, temperature):
@@ -68,17 +78,46 @@ class LogProbComputer:
 
     Args:
       graphdef: the decoder's ``nnx.GraphDef``.
-      micro_batch_size: rows per jitted call (``log_prob_micro_batch_size_per_gpu``).
+      micro_batch_size: rows per jitted call (``log_prob_micro_batch_size_per_gpu``); on a mesh, the rows of one
+        call on the whole mesh, split over its batch axes.
       temperature: rollout temperature (logits are divided by it).
+      mesh: the train mesh, or None (single device: the params' own placement decides).
+      rules: logical-axis rules on ``mesh`` (default :data:`sharding.rules.DEFAULT_RULES`).
+
+    Raises:
+      ValueError: ``micro_batch_size <= 0``, or on a mesh not a multiple of its batch shards.
     """
 
-    def __init__(self, graphdef, *, micro_batch_size: int, temperature: float):
+    def __init__(self, graphdef, *, micro_batch_size: int, temperature: float, mesh=None, rules=None):
         if micro_batch_size <= 0:
             raise ValueError(f"log-prob micro batch size must be > 0, got {micro_batch_size}")
         self.graphdef = graphdef
         self.micro_batch_size = micro_batch_size
         self.temperature = float(temperature)
-        self._fn = jax.jit(self._log_probs, static_argnames=("prompt_width",))
+        self.mesh = mesh
+        self.rules = DEFAULT_RULES if rules is None else rules
+        if mesh is None:
+            self._fn = jax.jit(self._log_probs, static_argnames=("prompt_width",))
+        else:
+            check_row_shards(micro_batch_size, batch_shards(mesh, self.rules), "log_prob_micro_batch_size_per_gpu")
+            self._fn = None  # built for the params' tree on the first call (explicit shardings need it)
+            self._fn_tree = None
+
+    def _jitted(self, params):
+        """The jitted log-prob program; on a mesh with explicit shardings for ``params``' tree."""
+        if self.mesh is None:
+            return self._fn
+        tree = jax.tree.structure(params)
+        if self._fn is None or tree != self._fn_tree:
+            rows = rows_sharding(self.mesh, self.rules)
+            replicated = NamedSharding(self.mesh, PartitionSpec())
+            self._fn = jit_sharded(
+                self._log_probs, static_kwarg="prompt_width",
+                in_shardings=(param_shardings(params, self.mesh, self.rules), rows, rows, rows, rows),
+                out_shardings=(replicated, replicated),
+            )
+            self._fn_tree = tree
+        return self._fn
 
     def _log_probs(self, params, input_ids, positions, attention_mask, response_ids, *, prompt_width):
         logits = _forward_response(
@@ -90,9 +129,10 @@ class LogProbComputer:
         """Returns ``(log_probs, entropy)``, float32 ``[N, R]`` each, zeroed where ``response_mask`` is 0."""
         ids, pos, mask = batch.input_ids(), batch.positions(), batch.attention_mask()
         mb = self.micro_batch_size
+        fn = self._jitted(params)
         outs_lp, outs_ent = [], []
         for sl, n in row_chunks(batch.size, mb):
-            lp, ent = self._fn(
+            lp, ent = fn(
                 params,
                 pad_rows(ids[sl], mb),
                 pad_rows(pos[sl], mb),
@@ -136,6 +176,14 @@ class ActorWorker:
       seed: for mini-batch shuffling when ``actor.shuffle`` is true.
       ref_params: the frozen reference policy; required for ``kl_loss_type="full"`` (the exact KL needs the
         reference's whole distribution inside the loss), unused otherwise.
+      mesh: the train mesh (:class:`jax.sharding.Mesh` with the rules' axes), or None for one device. With a mesh,
+        ``params`` (and ``ref_params``) are placed by the rules, the optimizer state too, and every micro-batch
+        (``ppo_micro_batch_size_per_gpu`` rows, ``log_prob_micro_batch_size`` rows) is split over the batch axes.
+      rules: logical-axis rules on ``mesh`` (default :data:`sharding.rules.DEFAULT_RULES`).
+
+    Raises:
+      ValueError: ``kl_loss_type="full"`` without ``ref_params``; a micro-batch that does not divide the
+        mini-batch; on a mesh, a micro-batch that is not a multiple of the batch shards.
     """
 
     def __init__(
@@ -150,10 +198,14 @@ class ActorWorker:
         total_training_steps: int,
         seed: int = 0,
         ref_params=None,
+        mesh=None,
+        rules=None,
     ):
         self.graphdef = graphdef
         self.params = params
         self.cfg = actor_cfg
+        self.mesh = mesh
+        self.rules = DEFAULT_RULES if rules is None else rules
         self.mini_batch_rows = actor_cfg.ppo_mini_batch_size * rollout_n
         self.micro_batch_rows = actor_cfg.ppo_micro_batch_size_per_gpu
         # The reference params, needed inside the loss only for the exact ("full") KL over the vocabulary.
@@ -165,6 +217,14 @@ class ActorWorker:
                 f"ppo_mini_batch_size*rollout.n = {self.mini_batch_rows} must be divisible by "
                 f"ppo_micro_batch_size_per_gpu = {self.micro_batch_rows}"
             )
+        self.param_shardings = None  # mesh only: the params' NamedShardings (also the jit in/out shardings)
+        self.opt_shardings = None
+        if mesh is not None:
+            check_row_shards(self.micro_batch_rows, batch_shards(mesh, self.rules),
+                             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu")
+            self.params, self.param_shardings = shard_tree(params, mesh, self.rules)
+            if self.ref_params is not None:
+                self.ref_params = shard_state(self.ref_params, self.param_shardings)
         self.temperature = float(temperature)
         self.loss_cfg = PolicyLossConfig(
             loss_mode=actor_cfg.policy_loss.loss_mode,
@@ -181,14 +241,18 @@ class ActorWorker:
         )
         self._policy_loss = get_policy_loss(self.loss_cfg.loss_mode)
         self.rng = np.random.default_rng(seed)
-        self.log_prob = LogProbComputer(graphdef, micro_batch_size=log_prob_micro_batch_size, temperature=temperature)
+        self.log_prob = LogProbComputer(graphdef, micro_batch_size=log_prob_micro_batch_size, temperature=temperature,
+                                        mesh=mesh, rules=rules)
         # The schedule counts optimizer updates; verl counts RL steps: pass updates per step so they agree.
         self.updates_per_step = actor_cfg.ppo_epochs  # x mini-batches, fixed once the batch size is known
         self._tx = None
         self.opt_state = None
         self.num_updates = 0  # optimizer updates applied so far (the schedule's count)
         self._total_training_steps = total_training_steps
-        self._update_fn = jax.jit(self._update_minibatch, donate_argnums=(0, 1), static_argnames=("prompt_width",))
+        if mesh is None:
+            self._update_fn = jax.jit(self._update_minibatch, donate_argnums=(0, 1), static_argnames=("prompt_width",))
+        else:
+            self._update_fn = None  # init_optimizer builds it (its shardings include the optimizer state's)
 
     # -- optimizer -------------------------------------------------------------------------------------------
 
@@ -203,6 +267,22 @@ class ActorWorker:
             updates_per_step=self.updates_per_step,
         )
         self.opt_state = self._tx.init(self.params)
+        if self.mesh is not None:
+            self.opt_state, self.opt_shardings = shard_tree(self.opt_state, self.mesh, self.rules)
+            self._update_fn = self._sharded_update_fn()
+
+    def _sharded_update_fn(self):
+        """The mini-batch update as one jit with explicit shardings: params / optimizer state by the rules, the
+        stacked ``[num_micro, micro_rows, ...]`` batch with rows (dim 1) over the batch axes, scalars and metrics
+        replicated."""
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        rows = rows_sharding(self.mesh, self.rules, row_dim=1)
+        ref = None if self.ref_params is None else self.param_shardings
+        return jit_sharded(
+            self._update_minibatch, donate_argnums=(0, 1), static_kwarg="prompt_width",
+            in_shardings=(self.param_shardings, self.opt_shardings, rows, replicated, replicated, ref),
+            out_shardings=(self.param_shardings, self.opt_shardings, replicated),
+        )
 
     # -- phases ----------------------------------------------------------------------------------------------
 

@@ -9,6 +9,10 @@ whole mini-batch, so accumulation gives exactly the full-mini-batch gradient for
 The update is verl's ``DataParallelPPOCritic.update_critic`` re-expressed in JAX: ``ppo_epochs`` passes,
 mini-batches of ``critic.ppo_mini_batch_size x rollout.n`` responses, loss
 ``jaxrl.algorithms.compute_value_loss(vpreds, values=old values, returns, ...)``.
+
+On a device mesh (``mesh=...``; the critic follows the actor's train mesh and rules) params and optimizer state
+are sharded by the logical-axis rules and both jitted phases get explicit in/out shardings (batch rows over the
+``"batch"`` rule's axes, values and metrics replicated), as in :class:`jaxrl.workers.actor.ActorWorker`.
 """
 
 from __future__ import annotations
@@ -20,11 +24,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl.algorithms import compute_value_loss, masked_sum
 from jaxrl.batch import RLBatch
-from jaxrl.workers.microbatch import pad_rows, row_chunks, stack_micro
+from jaxrl.workers.microbatch import check_row_shards, pad_rows, row_chunks, stack_micro
 from jaxrl.workers.optim import make_optimizer
+from jaxrl.workers.placement import batch_shards, jit_sharded, rows_sharding, shard_tree
+from sharding import DEFAULT_RULES
 
 
 def forward_response_values(graphdef, params, input_ids, positions, attention_mask, prompt_width: int) -> jax.Array:
@@ -57,13 +64,17 @@ class CriticWorker:
       rollout_n: responses per prompt (mini-batch rows = ``ppo_mini_batch_size * rollout_n``).
       total_training_steps: RL steps in the run (learning-rate schedule).
       seed: mini-batch shuffling seed (when ``critic.shuffle``).
+      mesh: the train mesh, or None for one device. With a mesh, params and optimizer state are placed by
+        ``rules`` and the update / forward micro-batches are split over the batch axes.
+      rules: logical-axis rules on ``mesh`` (default :data:`sharding.rules.DEFAULT_RULES`).
 
     Raises:
       ValueError: a batch size that is unset, not positive, or a micro-batch that does not divide the
-        mini-batch.
+        mini-batch; on a mesh, a micro-batch that is not a multiple of the batch shards.
     """
 
-    def __init__(self, graphdef, params, critic_cfg, *, rollout_n: int, total_training_steps: int, seed: int = 0):
+    def __init__(self, graphdef, params, critic_cfg, *, rollout_n: int, total_training_steps: int, seed: int = 0,
+                 mesh=None, rules=None):
         for name in ("ppo_mini_batch_size", "ppo_epochs"):
             v = getattr(critic_cfg, name)
             if v is None or int(v) < 1:
@@ -88,6 +99,14 @@ class CriticWorker:
         self.forward_batch_rows = self.micro_batch_rows if fwd is None else int(fwd)
         if self.forward_batch_rows < 1:
             raise ValueError(f"critic.forward_micro_batch_size_per_gpu must be >= 1, got {fwd}")
+        self.mesh = mesh
+        self.rules = DEFAULT_RULES if rules is None else rules
+        self.param_shardings = self.opt_shardings = None  # mesh only
+        if mesh is not None:
+            shards = batch_shards(mesh, self.rules)
+            check_row_shards(self.micro_batch_rows, shards, "critic.ppo_micro_batch_size_per_gpu")
+            check_row_shards(self.forward_batch_rows, shards, "critic.forward_micro_batch_size_per_gpu")
+            self.params, self.param_shardings = shard_tree(params, mesh, self.rules)
         self.cliprange_value = float(critic_cfg.cliprange_value)
         if not self.cliprange_value >= 0:
             raise ValueError(f"critic.cliprange_value must be >= 0, got {critic_cfg.cliprange_value}")
@@ -99,8 +118,17 @@ class CriticWorker:
         self.opt_state = None
         self.num_updates = 0  # optimizer updates applied so far (the schedule's count)
         self._total_training_steps = total_training_steps
-        self._values_fn = jax.jit(self._values, static_argnames=("prompt_width",))
-        self._update_fn = jax.jit(self._update_minibatch, donate_argnums=(0, 1), static_argnames=("prompt_width",))
+        if mesh is None:
+            self._values_fn = jax.jit(self._values, static_argnames=("prompt_width",))
+            self._update_fn = jax.jit(self._update_minibatch, donate_argnums=(0, 1), static_argnames=("prompt_width",))
+        else:
+            rows = rows_sharding(mesh, self.rules)
+            self._values_fn = jit_sharded(
+                self._values, static_kwarg="prompt_width",
+                in_shardings=(self.param_shardings, rows, rows, rows),
+                out_shardings=NamedSharding(mesh, PartitionSpec()),
+            )
+            self._update_fn = None  # init_optimizer builds it (its shardings include the optimizer state's)
 
     # -- optimizer -------------------------------------------------------------------------------------------
 
@@ -115,6 +143,15 @@ class CriticWorker:
             updates_per_step=self.updates_per_step,
         )
         self.opt_state = self._tx.init(self.params)
+        if self.mesh is not None:
+            self.opt_state, self.opt_shardings = shard_tree(self.opt_state, self.mesh, self.rules)
+            replicated = NamedSharding(self.mesh, PartitionSpec())
+            self._update_fn = jit_sharded(
+                self._update_minibatch, donate_argnums=(0, 1), static_kwarg="prompt_width",
+                in_shardings=(self.param_shardings, self.opt_shardings, rows_sharding(self.mesh, self.rules, row_dim=1),
+                              replicated, replicated),
+                out_shardings=(self.param_shardings, self.opt_shardings, replicated),
+            )
 
     # -- values ----------------------------------------------------------------------------------------------
 

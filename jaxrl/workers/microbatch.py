@@ -64,3 +64,23 @@ def stack_micro(
     num_seqs = np.float32(len(idx))
     n_micro = mini_rows // micro_rows
     return {k: v.reshape((n_micro, micro_rows) + v.shape[1:]) for k, v in mb.items()}, num_tokens, num_seqs
+
+
+def check_row_shards(rows: int, shards: int, what: str) -> None:
+    """On a mesh, a micro-batch's rows are split over ``shards`` devices (the ``data x fsdp`` batch axes).
+
+    Args:
+      rows: rows per micro-batch (the jitted program's leading batch size).
+      shards: how many ways the mesh splits rows (>= 1).
+      what: the name of the setting, for the message (e.g. the config key).
+
+    Raises:
+      ValueError: ``rows`` is not a positive multiple of ``shards`` (names ``what`` and both sizes).
+    """
+    if shards < 1:
+        raise ValueError(f"row shards must be >= 1, got {shards}")
+    if rows < 1 or rows % shards:
+        raise ValueError(
+            f"{what}={rows} rows per micro-batch must be a positive multiple of the {shards} batch shards of the "
+            f"train mesh (data x fsdp); each device takes micro-batch / {shards} rows"
+        )

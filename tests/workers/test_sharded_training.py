@@ -1,0 +1,321 @@
+"""Roles on a device mesh (8 simulated CPU devices, tests/conftest.py): a sharded actor / critic update equals the
+single-device one and keeps the rule shardings; after a colocated or a split weight sync the rollout sampler
+generates exactly what an unsharded sampler on the actor's params generates; placement and config errors."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec
+
+from jaxrl.batch import RLBatch
+from jaxrl.config import ConfigError, load_config
+from jaxrl.models.config import ModelConfig
+from jaxrl.models.decoder import Decoder
+from jaxrl.models.value_model import ValueModel
+from jaxrl.rollout.base import SamplingParams
+from jaxrl.rollout.jax_sampler import JaxSampler
+from jaxrl.trainer import Trainer
+from jaxrl.workers.actor import ActorWorker
+from jaxrl.workers.critic import CriticWorker
+from jaxrl.workers.placement import build_translator, make_placement, placement_from_config
+from jaxrl.workers.rollout import MeshJaxSampler
+from sharding import DEFAULT_RULES, make_mesh
+
+CFG = ModelConfig(
+    model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-5, rope_theta=10000.0,
+    rope_scaling=None, max_position_embeddings=128, tie_word_embeddings=False, attention_bias=False,
+    qk_norm=False, bos_token_id=1, eos_token_id=(2,), pad_token_id=0,
+)
+P, R = 6, 5
+N = 16  # rows per RL batch: 2 mini-batches of 8 rows, each 2 micro-batches of 4 rows (= data 2 x fsdp 2)
+SIZES = {"data": 2, "fsdp": 2, "tensor": 2}
+PROMPTS = [[1, 5, 9, 33], [1, 40, 41, 42, 43, 44, 45], [1, 17], [1, 60, 3, 8, 22]]
+# Gradients of two layouts differ by fp32 summation-order noise; Adam divides each gradient by its own magnitude,
+# which amplifies that noise for gradients near eps. eps=1e-3 keeps it below the tolerance while every parameter
+# still moves by ~lr (see tests/sharding/test_sharded_step.py).
+OPTIM = SimpleNamespace(lr=1e-3, betas=(0.9, 0.999), eps=1e-3, weight_decay=0.1, lr_warmup_steps=-1,
+                        lr_warmup_steps_ratio=0.0, lr_scheduler_type="constant", min_lr_ratio=0.0)
+
+
+def test_eight_devices():
+    assert jax.device_count() == 8, "tests/conftest.py must set --xla_force_host_platform_device_count=8"
+
+
+def peaked(state, seed):
+    """Random fp32 weights ~N(0, 0.3) (norm scales ~1): peaked next-token distributions, no greedy near-ties."""
+    rng = np.random.default_rng(seed)
+
+    def init(x):
+        if x.ndim == 1:
+            return jnp.asarray(1.0 + 0.1 * rng.normal(size=x.shape), jnp.float32)
+        return jnp.asarray(0.3 * rng.normal(size=x.shape), jnp.float32)
+
+    return jax.tree.map(init, state)
+
+
+@pytest.fixture(scope="module")
+def policy():
+    graphdef, state = nnx.split(Decoder(CFG, rngs=nnx.Rngs(0)))
+    return graphdef, peaked(state, 3)
+
+
+def copy(params):
+    return jax.tree.map(lambda x: jnp.array(x, copy=True), params)
+
+
+def make_batch(seed=0) -> RLBatch:
+    rng = np.random.default_rng(seed)
+    prompt_len = rng.integers(2, P + 1, size=N)
+    resp_len = rng.integers(1, R + 1, size=N)
+    prompt_mask = (np.arange(P)[None] >= (P - prompt_len)[:, None]).astype(np.int32)
+    response_mask = (np.arange(R)[None] < resp_len[:, None]).astype(np.int32)
+    batch = RLBatch(
+        prompt_ids=(rng.integers(3, CFG.vocab_size, (N, P)) * prompt_mask).astype(np.int32),
+        prompt_mask=prompt_mask,
+        response_ids=(rng.integers(3, CFG.vocab_size, (N, R)) * response_mask).astype(np.int32),
+        response_mask=response_mask,
+        group_ids=np.repeat(np.arange(N // 2), 2).astype(np.int32),
+    )
+    batch.advantages = (rng.normal(size=(N, R)) * response_mask).astype(np.float32)
+    batch.old_log_probs = (-rng.uniform(0.5, 4.0, size=(N, R)) * response_mask).astype(np.float32)
+    batch.ref_log_probs = batch.old_log_probs  # unused by kl_loss_type="full" but required by update()
+    batch.values = (rng.normal(size=(N, R)) * response_mask).astype(np.float32)
+    batch.returns = (rng.normal(size=(N, R)) * response_mask).astype(np.float32)
+    return batch
+
+
+def actor_cfg():
+    """Exact ("full") KL: the reference's params enter the sharded update too."""
+    return SimpleNamespace(
+        ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, ppo_epochs=1, shuffle=False, grad_clip=1.0,
+        clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, loss_agg_mode="token-mean", entropy_coeff=0.01,
+        use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="full", tis_imp_ratio_cap=-1.0,
+        policy_loss=SimpleNamespace(loss_mode="vanilla"), optim=OPTIM,
+    )
+
+
+def make_actor(graphdef, params, mesh=None):
+    return ActorWorker(graphdef, copy(params), actor_cfg(), rollout_n=2, temperature=0.9, log_prob_micro_batch_size=8,
+                       total_training_steps=1, ref_params=copy(params), mesh=mesh, rules=DEFAULT_RULES)
+
+
+def value_of(var):
+    return var.get_value() if isinstance(var, nnx.Variable) else var
+
+
+def assert_trees_close(a, b, rtol, atol):
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert len(la) == len(lb)
+    for x, y in zip(la, lb):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+
+
+@pytest.fixture(scope="module")
+def actors(policy):
+    """The same actor unsharded and on a data=2 x fsdp=2 x tensor=2 mesh, each after one update on one batch."""
+    graphdef, params = policy
+    batch = make_batch()
+    single, sharded = make_actor(graphdef, params), make_actor(graphdef, params, make_mesh(**SIZES))
+    lp1, _ = single.compute_log_probs(batch)
+    lp8, _ = sharded.compute_log_probs(batch)
+    m1, m8 = single.update(batch), sharded.update(batch)
+    return SimpleNamespace(single=single, sharded=sharded, lp=(lp1, lp8), metrics=(m1, m8), params=params)
+
+
+def test_sharded_actor_update_equals_single_device(actors):
+    lp1, lp8 = actors.lp
+    np.testing.assert_allclose(lp8, lp1, rtol=1e-5, atol=1e-6)
+    m1, m8 = actors.metrics
+    assert set(m1) == set(m8)
+    for k in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac"):
+        np.testing.assert_allclose(m8[k], m1[k], rtol=1e-5, atol=1e-7, err_msg=k)
+    assert m8["actor/nonfinite_grad"] == 0
+    assert_trees_close(actors.sharded.params, actors.single.params, rtol=1e-5, atol=1e-6)
+    assert_trees_close(actors.sharded.opt_state, actors.single.opt_state, rtol=1e-5, atol=1e-7)
+    # The update moved the params (the comparison is not between two untouched copies).
+    before = np.asarray(value_of(actors.params["embed_tokens"]))
+    assert np.abs(np.asarray(value_of(actors.sharded.params["embed_tokens"])) - before).max() > 1e-4
+
+
+def test_sharded_actor_state_carries_the_rule_shardings(actors):
+    p, opt = actors.sharded.params, actors.sharded.opt_state
+    q = value_of(p["layers"][0]["self_attn"]["q_proj"])  # [E=32, nH=4, D=8] (embed, heads, head_dim)
+    assert q.sharding.spec == PartitionSpec("fsdp", "tensor", None)
+    assert q.addressable_shards[0].data.shape == (16, 2, 8)
+    assert value_of(p["embed_tokens"]).sharding.spec == PartitionSpec("tensor", "fsdp")  # (vocab, embed)
+    assert value_of(p["layers"][1]["mlp"]["down_proj"]).sharding.spec == PartitionSpec("tensor", "fsdp")
+    adam = opt[1][0]  # chain(clip_by_global_norm, adamw): adamw's ScaleByAdamState
+    assert value_of(adam.mu["layers"][0]["self_attn"]["q_proj"]).sharding.spec == PartitionSpec("fsdp", "tensor", None)
+    ref_q = value_of(actors.sharded.ref_params["layers"][0]["self_attn"]["q_proj"])
+    assert ref_q.sharding == q.sharding
+    # The single-device actor stays on one device.
+    assert len(value_of(actors.single.params["embed_tokens"]).sharding.device_set) == 1
+
+
+def test_sharded_critic_update_equals_single_device():
+    graphdef, state = nnx.split(ValueModel(CFG, rngs=nnx.Rngs(1)))
+    params = peaked(state, 5)
+    cfg = SimpleNamespace(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, forward_micro_batch_size_per_gpu=8,
+                          ppo_epochs=1, shuffle=False, grad_clip=1.0, cliprange_value=0.5, loss_agg_mode="token-mean",
+                          optim=OPTIM)
+    batch = make_batch(seed=1)
+    single = CriticWorker(graphdef, copy(params), cfg, rollout_n=2, total_training_steps=1)
+    sharded = CriticWorker(graphdef, copy(params), cfg, rollout_n=2, total_training_steps=1, mesh=make_mesh(**SIZES))
+    np.testing.assert_allclose(sharded.compute_values(batch), single.compute_values(batch), rtol=1e-5, atol=1e-6)
+    m1, m8 = single.update(batch), sharded.update(batch)
+    for k in ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm"):
+        np.testing.assert_allclose(m8[k], m1[k], rtol=1e-5, atol=1e-7, err_msg=k)
+    assert_trees_close(sharded.params, single.params, rtol=1e-5, atol=1e-6)
+    head = value_of(sharded.params["value_head"])  # [E, 1] (embed, None)
+    assert head.sharding.spec == PartitionSpec("fsdp", None)
+    q = value_of(sharded.params["backbone"]["layers"][0]["self_attn"]["q_proj"])
+    assert q.sharding.spec == PartitionSpec("fsdp", "tensor", None)
+
+
+def greedy(sampler):
+    out = sampler.generate(PROMPTS, SamplingParams(n=2, do_sample=False, max_new_tokens=8))
+    return out.response_ids, out.rollout_log_probs
+
+
+def on_one_device(params):
+    """A single-device copy of (possibly sharded) ``params``, through the host."""
+    return jax.device_put(jax.tree.map(lambda x: np.asarray(x), params), jax.devices()[0])
+
+
+@pytest.fixture(scope="module")
+def single_device_sampler(policy):
+    """A plain sampler on one device (the unsharded reference); tests give it their params."""
+    graphdef, params = policy
+    return JaxSampler(CFG, graphdef, on_one_device(params), pad_token_id=0, eos_token_ids=(), max_prompt_length=8,
+                      prompt_length_bucket=8)
+
+
+@pytest.mark.parametrize("kind", ["colocated", "split"])
+def test_sampler_after_sync_generates_what_the_actor_params_generate(policy, single_device_sampler, kind):
+    graphdef, params = policy
+    if kind == "colocated":
+        placement = make_placement("colocated", SIZES, rollout_tp=2)
+    else:
+        placement = make_placement("split", {"data": 1, "fsdp": 2, "tensor": 2}, rollout_devices=4, rollout_tp=2)
+    train_ids = {d.id for d in placement.train_mesh.devices.flat}
+    rollout_ids = {d.id for d in placement.rollout_mesh.devices.flat}
+    assert dict(placement.rollout_mesh.shape) == ({"data": 4, "fsdp": 1, "tensor": 2} if kind == "colocated"
+                                                  else {"data": 2, "fsdp": 1, "tensor": 2})
+    assert (train_ids == rollout_ids) if kind == "colocated" else (train_ids.isdisjoint(rollout_ids)
+                                                                   and rollout_ids == {4, 5, 6, 7})
+
+    actor = make_actor(graphdef, params, placement.train_mesh)
+    translator = build_translator(actor.params, placement)
+    initial, report = translator.sync(actor.params)
+    assert report.bytes_moved > 0
+    sampler = MeshJaxSampler(CFG, graphdef, initial, mesh=placement.rollout_mesh, pad_token_id=0, eos_token_ids=(),
+                             max_prompt_length=8, prompt_length_bucket=8)
+    ids0, lp0 = greedy(sampler)
+    single_device_sampler.update_weights(on_one_device(actor.params))
+    ref_ids0, ref_lp0 = greedy(single_device_sampler)
+    assert len(set(ref_ids0.ravel().tolist())) > 3  # a non-degenerate continuation
+    np.testing.assert_array_equal(ids0, ref_ids0)
+    np.testing.assert_allclose(lp0, ref_lp0, rtol=1e-4, atol=1e-5)
+
+    # New actor params in the train layout (as an update leaves them; the update itself is tested above), then
+    # the trainer's own sync step: the sampler follows them.
+    noise = peaked(params, 7)
+    actor.params = jax.tree.map(lambda p, e: p + 0.1 * e, actor.params, noise)
+    assert value_of(actor.params["embed_tokens"]).sharding.spec == PartitionSpec("tensor", "fsdp")
+    fake = SimpleNamespace(c=SimpleNamespace(translator=translator, rollout=sampler, actor=actor))
+    moved = Trainer.sync_rollout(fake)
+    assert moved == report.bytes_moved > 0
+    for leaf in jax.tree.leaves(sampler.params):  # the weights live on the rollout mesh, tensor-parallel layout
+        assert {d.id for d in leaf.sharding.device_set} == rollout_ids
+    q = value_of(sampler.params["layers"][0]["self_attn"]["q_proj"])
+    assert q.sharding.spec == PartitionSpec(None, "tensor", None)
+    ids1, lp1 = greedy(sampler)
+    single_device_sampler.update_weights(on_one_device(actor.params))
+    ref_ids1, ref_lp1 = greedy(single_device_sampler)
+    np.testing.assert_array_equal(ids1, ref_ids1)
+    np.testing.assert_allclose(lp1, ref_lp1, rtol=1e-4, atol=1e-5)
+    assert not np.allclose(lp1, lp0)  # the new params changed what the sampler computes
+
+    # Generated rows are split over the rollout mesh's data axis (KV cache batch dim sharded over "data").
+    ids, mask = np.zeros((8, 8), np.int32), np.ones((8, 8), np.int32)
+    cache = sampler._prefill(sampler.params, ids, mask, max_new_tokens=4)
+    assert cache.k.sharding.spec[1] == "data"
+
+
+# -- placement and config errors --------------------------------------------------------------------------------
+
+
+def test_mesh_that_does_not_fit_names_sizes_device_count_and_xla_flags():
+    with pytest.raises(ConfigError) as e:
+        make_placement("colocated", {"data": 2, "fsdp": 2, "tensor": 4})
+    msg = str(e.value)
+    assert "data=2 x fsdp=2 x tensor=4" in msg and "jax.device_count()=8" in msg
+    assert "XLA_FLAGS=--xla_force_host_platform_device_count=16" in msg
+    with pytest.raises(ConfigError, match=r"split: 4 train devices.*device_count=12"):
+        make_placement("split", {"data": 1, "fsdp": 8, "tensor": 1}, rollout_devices=4)
+    with pytest.raises(ConfigError, match="rollout_devices=8"):
+        make_placement("split", {"data": 1, "fsdp": -1, "tensor": 1}, rollout_devices=8)
+    with pytest.raises(ConfigError, match=r"tensor_model_parallel_size=3 must divide the 4 rollout devices"):
+        make_placement("split", {"data": 1, "fsdp": -1, "tensor": 1}, rollout_devices=4, rollout_tp=3)
+
+
+def _cfg(*overrides):
+    return load_config(None, [
+        "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "trainer.n_gpus_per_node=1", *overrides,
+    ])
+
+
+def test_no_mesh_configured_means_single_device():
+    assert placement_from_config(_cfg()) is None
+
+
+def test_placement_from_config_fills_fsdp_and_uses_rules():
+    cfg = _cfg("trainer.mesh.tensor=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+               "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8", "trainer.sharding_rules={embed: null}",
+               "actor_rollout_ref.rollout.tensor_model_parallel_size=4")
+    pl = placement_from_config(cfg)
+    assert pl.kind == "colocated" and dict(pl.train_mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 2}
+    assert dict(pl.rollout_mesh.shape) == {"data": 2, "fsdp": 1, "tensor": 4}
+    assert dict(pl.rules)["embed"] is None and dict(pl.rules)["mlp"] == "tensor"
+    split = placement_from_config(_cfg("trainer.placement=split", "trainer.rollout_devices=4",
+                                       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+                                       "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8"))
+    assert split.kind == "split" and dict(split.train_mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 1}
+    assert [d.id for d in split.rollout_mesh.devices.flat] == [4, 5, 6, 7]
+    assert dict(split.rollout_mesh.shape) == {"data": 2, "fsdp": 1, "tensor": 2}  # rollout TP defaults to 2
+
+
+def test_micro_batches_must_split_over_data_times_fsdp():
+    # Known at load time (no -1 among the batch axes): the loader rejects it, naming the key and the sizes.
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 rows.*"
+                                          r"4 batch shards.*data=2 x fsdp=2"):
+        _cfg("trainer.mesh.data=2", "trainer.mesh.fsdp=2", "trainer.mesh.tensor=2",
+             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2")
+    # fsdp=-1 fills from the device count: checked when the placement is built.
+    cfg = _cfg("trainer.mesh.tensor=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+               "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=6")
+    with pytest.raises(ConfigError, match=r"rollout.log_prob_micro_batch_size_per_gpu=6 rows.*4 batch shards"):
+        placement_from_config(cfg)
+
+
+@pytest.mark.parametrize("override, expected", [
+    (["trainer.placement=spilt"], "trainer.placement='spilt' is invalid; expected one of 'colocated', 'split'"),
+    (["trainer.placement=split"], "trainer.rollout_devices=None is invalid"),
+    (["trainer.rollout_devices=4"], "null unless trainer.placement='split'"),
+    (["trainer.mesh.tensor=-1", "trainer.mesh.fsdp=-1"], "more than one axis set to -1"),
+    (["trainer.mesh.data=0"], "trainer.mesh.data=0 is invalid"),
+    (["trainer.sharding_rules={embd: null}"], "did you mean 'embed'"),
+    (["trainer.sharding_rules={mlp: [tensor, model]}"], "trainer.sharding_rules.mlp"),
+])
+def test_config_errors(override, expected):
+    with pytest.raises(ConfigError) as e:
+        _cfg(*override)
+    assert expected in str(e.value)
