@@ -1,0 +1,247 @@
+"""vLLM rollout engine vs the embedded JAX sampler and the trainer's log-prob recompute (CPU, vllm-cpu).
+
+Runs only in the venv built by ``scripts/setup_vllm_cpu.sh`` (``.venv-vllm/bin/python -m pytest -q tests/vllm``).
+Models: tiny random Qwen2 (untied) / Qwen3 (tied embeddings) decoders (head_dim 32, vLLM's CPU attention
+minimum) and the real
+SmolLM2-135M-Instruct (GGUF in the shared assets). One vLLM engine per model, shared by the tests of a module.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU (default is larger)
+
+import pytest
+
+pytest.importorskip("vllm")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from jaxrl.models.config import ModelConfig  # noqa: E402
+from jaxrl.models.decoder import Decoder  # noqa: E402
+from jaxrl.rollout import JaxSampler, RolloutEngine, SamplingParams  # noqa: E402
+from jaxrl.rollout.sampling import token_log_probs  # noqa: E402
+from jaxrl.rollout.vllm_engine import VllmEngine, WeightSyncError  # noqa: E402
+
+PAD, BOS, EOS = 0, 1, 2
+P, R = 32, 12
+PROMPTS = [[BOS, 5, 6, 7, 8, 9, 10, 11, 12, 13], [BOS, 40, 41], [BOS] + list(range(60, 80))]
+
+
+def _tiny_cfg(model_type: str) -> ModelConfig:
+    return ModelConfig(
+        model_type=model_type, vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32, attention_bias=model_type == "qwen2",
+        qk_norm=model_type == "qwen3", bos_token_id=BOS, eos_token_id=(EOS,), pad_token_id=PAD,
+        max_position_embeddings=256, rope_theta=10000.0,
+        # Qwen3 tied like the real Qwen3-0.6B/1.7B (the CPU LM head needs a repack after each reload), Qwen2 untied.
+        tie_word_embeddings=model_type == "qwen3",
+    )
+
+
+def _scaled(state, scale: float, seed: int):
+    """Matrices times ``scale * (1 + 0.3 * noise)``: peaked next-token distributions (few near-ties)."""
+    leaves, tree = jax.tree.flatten(state)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    out = [x * scale * (1 + 0.3 * jax.random.normal(k, x.shape, x.dtype)) if x.ndim >= 2 else x
+           for x, k in zip(leaves, keys)]
+    return jax.tree.unflatten(tree, out)
+
+
+def _recompute_log_probs(graphdef, params, out, temperature: float) -> np.ndarray:
+    """The trainer's view: one full forward over [prompt | response], log_softmax(logits / T) at each response token."""
+    model = nnx.merge(graphdef, params)
+    ids = np.concatenate([out.prompt_ids, out.response_ids], axis=1)
+    mask = np.concatenate([out.prompt_mask, out.response_mask], axis=1)
+    pos = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    logits, _ = model(jnp.asarray(ids), jnp.asarray(pos), jnp.asarray(mask))
+    width = out.prompt_ids.shape[1]
+    pred = logits[:, width - 1: -1]  # position width-1+t predicts response token t
+    b, r, v = pred.shape
+    lp = token_log_probs(pred.reshape(b * r, v), jnp.asarray(out.response_ids).reshape(-1), temperature)
+    return np.asarray(lp).reshape(b, r) * out.response_mask
+
+
+@pytest.fixture(scope="module", params=["qwen2", "qwen3"])
+def tiny(request, tmp_path_factory):
+    cfg = _tiny_cfg(request.param)
+    model = Decoder(cfg, rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    state = _scaled(state, 4.0, seed=1)
+    sampler = JaxSampler(cfg, graphdef, state, pad_token_id=PAD, eos_token_ids=(EOS,), max_prompt_length=P)
+    engine = VllmEngine(
+        cfg, graphdef, state, None, rollout_cfg={"seed": 0, "update_weights_timeout_s": 120.0},
+        max_prompt_length=P, max_response_length=R, work_dir=tmp_path_factory.mktemp(request.param),
+    )
+    yield cfg, graphdef, state, sampler, engine
+    engine.shutdown()
+
+
+def _assert_same_rollout(a, b, *, logprob_atol: float):
+    np.testing.assert_array_equal(a.prompt_ids, b.prompt_ids)
+    np.testing.assert_array_equal(a.prompt_mask, b.prompt_mask)
+    np.testing.assert_array_equal(a.response_mask, b.response_mask)
+    np.testing.assert_array_equal(a.response_ids, b.response_ids)
+    np.testing.assert_array_equal(a.prompt_index, b.prompt_index)
+    np.testing.assert_allclose(a.rollout_log_probs, b.rollout_log_probs, atol=logprob_atol, rtol=0)
+
+
+def test_greedy_matches_jax_sampler_and_follows_weight_syncs(tiny):
+    cfg, graphdef, state, sampler, engine = tiny
+    assert isinstance(engine, RolloutEngine)
+    greedy = SamplingParams(n=2, do_sample=False, max_new_tokens=R)
+    engine.update_weights(state)  # a sync of the initial weights (what the trainer does after resume)
+    v0, j0 = engine.generate(PROMPTS, greedy), sampler.generate(PROMPTS, greedy)
+    assert v0.response_ids.shape == (6, R) and v0.prompt_ids.shape == (6, P)
+    _assert_same_rollout(v0, j0, logprob_atol=1e-4)
+
+    new = _scaled(state, 1.0, seed=7)  # another policy: the engine must not keep the old weights
+    engine.update_weights(new)
+    sampler.update_weights(new)
+    v1, j1 = engine.generate(PROMPTS, greedy), sampler.generate(PROMPTS, greedy)
+    _assert_same_rollout(v1, j1, logprob_atol=1e-4)
+    assert not np.array_equal(v1.response_ids, v0.response_ids)
+    assert engine.num_syncs == 2
+
+    engine.update_weights(state)  # and back: identical to the first rollout (prefix cache was reset)
+    sampler.update_weights(state)
+    _assert_same_rollout(engine.generate(PROMPTS, greedy), v0, logprob_atol=1e-5)
+
+
+def test_sampled_log_probs_match_trainer_recompute_and_seeds(tiny):
+    cfg, graphdef, state, sampler, engine = tiny
+    engine.update_weights(state)
+    sp = SamplingParams(n=4, temperature=0.8, max_new_tokens=R)
+    out = engine.generate(PROMPTS, sp, rng_seed=11)
+    assert out.num_generated_tokens > 0
+    ref = _recompute_log_probs(graphdef, state, out, temperature=0.8)
+    gap = float(np.max(np.abs(out.rollout_log_probs - ref)))
+    print(f"vLLM vs trainer recompute, T=0.8: max |log-prob gap| = {gap:.2e} over {out.num_generated_tokens} tokens")
+    assert gap < 1e-3, gap
+    assert np.all(out.rollout_log_probs[out.response_mask == 0] == 0)
+    # Every row stops at its first eos (inclusive) and is pad after it.
+    for ids, m in zip(out.response_ids, out.response_mask):
+        n = int(m.sum())
+        assert np.all(m[:n] == 1) and np.all(ids[n:] == PAD)
+        assert EOS not in ids[: n - 1].tolist()
+    again = engine.generate(PROMPTS, sp, rng_seed=11)
+    np.testing.assert_array_equal(again.response_ids, out.response_ids)
+    other = engine.generate(PROMPTS, sp, rng_seed=12)
+    assert not np.array_equal(other.response_ids, out.response_ids)
+    # The n rows of one prompt get different seeds.
+    assert len({tuple(r) for r in out.response_ids[:4]}) > 1
+
+
+def test_top_k_log_probs_are_renormalised_over_the_kept_tokens(tiny):
+    """Documented gap: with top-k on, vLLM's processed log-probs are >= jaxrl's un-truncated ones."""
+    cfg, graphdef, state, sampler, engine = tiny
+    engine.update_weights(state)
+    out = engine.generate(PROMPTS, SamplingParams(n=2, temperature=1.0, top_k=3, max_new_tokens=R), rng_seed=3)
+    ref = _recompute_log_probs(graphdef, state, out, temperature=1.0)
+    m = out.response_mask.astype(bool)
+    assert np.all(out.rollout_log_probs[m] >= ref[m] - 1e-4)
+    print(f"top_k=3: vLLM minus un-truncated log-prob, max {np.max(out.rollout_log_probs[m] - ref[m]):.3f} nats")
+
+
+def test_bad_weights_and_timeouts_raise_clear_errors(tiny):
+    cfg, graphdef, state, sampler, engine = tiny
+    greedy = SamplingParams(do_sample=False, max_new_tokens=R)
+    engine.update_weights(state)
+    before = engine.generate(PROMPTS, greedy)
+
+    def widen_final_norm(path, x):
+        key = jax.tree_util.keystr(path)
+        return jnp.zeros((cfg.hidden_size + 1,), x.dtype) if "norm" in key and "layers" not in key else x
+
+    bad_state = jax.tree_util.tree_map_with_path(widen_final_norm, state)
+    with pytest.raises(WeightSyncError, match=r"weight sync #\d+ into vllm .*norm.*keeps its previous weights"):
+        engine.update_weights(bad_state)
+    hf = {"model.norm.weight": np.ones((cfg.hidden_size,), np.float32),
+          "model.embed_tokens.weight": np.zeros((cfg.vocab_size + 3, cfg.hidden_size), np.float32)}
+    with pytest.raises(WeightSyncError, match=r"failed: ValueError: .*wrong shapes \['model.embed_tokens.weight: "
+                                              r"expected \(256, 64\), got \(259, 64\)'\].*keeps its previous"):
+        engine.load_hf_weights(hf)
+    _assert_same_rollout(engine.generate(PROMPTS, greedy), before, logprob_atol=1e-5)  # nothing was sent
+
+    engine.sync_timeout_s = 1e-4
+    with pytest.raises(WeightSyncError, match=r"did not finish within 0.0001 s"):
+        engine.update_weights(state)
+    with pytest.raises(WeightSyncError, match="timed out; refusing to generate"):
+        engine.generate(PROMPTS, greedy)
+    engine.sync_timeout_s = 120.0
+    engine.update_weights(state)  # waits for the timed-out sync, then recovers
+    _assert_same_rollout(engine.generate(PROMPTS, greedy), before, logprob_atol=1e-5)
+
+
+def test_rejects_bad_requests(tiny):
+    cfg, graphdef, state, sampler, engine = tiny
+    with pytest.raises(ValueError, match="max_new_tokens=13 exceeds"):
+        engine.generate(PROMPTS, SamplingParams(max_new_tokens=R + 1))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.generate([[BOS, 999]], SamplingParams(max_new_tokens=2))
+    with pytest.raises(ValueError, match="more than max_prompt_length"):
+        engine.generate([[BOS] * (P + 1)], SamplingParams(max_new_tokens=2))
+
+
+def test_failure_inside_vllm_makes_the_engine_refuse_everything(tiny):
+    """A tensor vLLM rejects mid-reload (simulated by skipping jaxrl's pre-check) leaves vLLM's layers half
+    reloaded; the engine must then refuse generate and later syncs with a clear error instead of serving mixed
+    weights. Runs last for its engine (the engine is unusable afterwards)."""
+    cfg, graphdef, state, sampler, engine = tiny
+    from jaxrl.models.hf import to_hf_tensors
+
+    hf = to_hf_tensors(nnx.merge(graphdef, state))
+    hf["model.embed_tokens.weight"] = np.zeros((cfg.vocab_size + 3, cfg.hidden_size), np.float32)
+    engine._check_hf = lambda where, tensors: None  # let the bad tensor reach vLLM
+    with pytest.raises(WeightSyncError, match=r"weight sync #\d+ into vllm .* failed: AssertionError.*unusable"):
+        engine.load_hf_weights(hf)
+    with pytest.raises(WeightSyncError, match="failed inside vLLM .* refusing to generate"):
+        engine.generate(PROMPTS, SamplingParams(max_new_tokens=2))
+    with pytest.raises(WeightSyncError, match="refused, .*failed inside vLLM"):
+        engine.update_weights(state)
+
+
+# ------------------------------------------------------------------------------------------- real model
+def test_smollm2_greedy_matches_jax_sampler_across_syncs(shared, tmp_path):
+    from jaxrl.models import load_pretrained
+
+    gguf = shared / "models" / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    pre = load_pretrained(str(gguf))
+    tok = pre.tokenizer
+    texts = ["What is 12 plus 7?", "Name a colour of the sky.", "Write one word: hello"]
+    prompts = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True)
+               for t in texts]
+    prompts = [list(p["input_ids"]) if isinstance(p, dict) or hasattr(p, "keys") else list(p) for p in prompts]
+    graphdef, state = nnx.split(pre.model)
+    cfg = pre.config
+    pad = tok.pad_token_id if tok.pad_token_id is not None else cfg.eos_token_id[0]
+    sampler = JaxSampler(cfg, graphdef, state, pad_token_id=int(pad), eos_token_ids=cfg.eos_token_id,
+                         max_prompt_length=64)
+    engine = VllmEngine(cfg, graphdef, state, tok, rollout_cfg={"seed": 0}, max_prompt_length=64,
+                        max_response_length=16, work_dir=tmp_path)
+    try:
+        greedy = SamplingParams(do_sample=False, max_new_tokens=16)
+        v0, j0 = engine.generate(prompts, greedy), sampler.generate(prompts, greedy)
+        _assert_same_rollout(v0, j0, logprob_atol=2e-3)
+        gap0 = float(np.max(np.abs(v0.rollout_log_probs - j0.rollout_log_probs)))
+
+        # Perturb every matrix by 2% noise: a different policy both engines must follow.
+        new = _scaled(state, 1.0, seed=5)
+        new = jax.tree.map(lambda a, b: a + (b - a) * 0.066, state, new)
+        engine.update_weights(new)
+        sampler.update_weights(new)
+        v1, j1 = engine.generate(prompts, greedy), sampler.generate(prompts, greedy)
+        _assert_same_rollout(v1, j1, logprob_atol=2e-3)
+        assert not np.allclose(v1.rollout_log_probs, v0.rollout_log_probs, atol=1e-3)
+        sp = SamplingParams(n=2, temperature=1.0, max_new_tokens=16)
+        s = engine.generate(prompts, sp, rng_seed=1)
+        gap = float(np.max(np.abs(s.rollout_log_probs - _recompute_log_probs(graphdef, new, s, 1.0))))
+        print(f"SmolLM2-135M: greedy log-prob gap vs JaxSampler {gap0:.2e}; sampled vs trainer recompute {gap:.2e}")
+        assert gap < 5e-3, gap
+    finally:
+        engine.shutdown()
