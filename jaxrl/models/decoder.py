@@ -316,6 +316,7 @@ class Decoder(nnx.Module):
         cache: KVCache | None = None,
         cache_index: jax.Array | int | None = None,
         return_hidden: bool = False,
+        activation_sharding=None,
     ) -> tuple[jax.Array, KVCache | None]:
         """Run the model on a chunk of ``T`` tokens.
 
@@ -325,6 +326,9 @@ class Decoder(nnx.Module):
             attention_mask: key mask, bool or int (nonzero = real token). Without a cache ``[B, T]``; with a
                 cache ``[B, S]`` where ``S`` is the cache ``max_len`` (covering both cached and new slots).
             cache: optional :class:`KVCache` ``[L, B, S, nKV, D]``.
+            activation_sharding: optional ``jax.sharding.Sharding`` for the ``[B, T, H]`` residual stream; with a
+                mesh the trainer passes rows over the batch axes, and it is applied after the embedding and at
+                every block boundary (``jax.lax.with_sharding_constraint``) so activations follow the mesh rules.
             cache_index: int32 scalar (may be traced): the slot of the first new token; required with ``cache``.
                 Callers must keep ``cache_index + T <= S`` (out-of-range writes are clamped by
                 ``lax.dynamic_update_slice``).
@@ -380,6 +384,9 @@ class Decoder(nnx.Module):
 
         cos, sin = rope_cos_sin(positions, np.asarray(self.inv_freq, np.float32))
         x = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(self.dtype)
+        constrain = (lambda a: a) if activation_sharding is None else (
+            lambda a: jax.lax.with_sharding_constraint(a, activation_sharding))
+        x = constrain(x)
         new_k, new_v = (None, None) if cache is None else (cache.k, cache.v)
         # Remat only pays off when a backward pass follows; cached decoding never differentiates.
         call = _remat_block if (self.remat and cache is None) else _call_block
@@ -387,6 +394,7 @@ class Decoder(nnx.Module):
             k_layer = None if cache is None else cache.k[i]
             v_layer = None if cache is None else cache.v[i]
             x, k_chunk, v_chunk = call(block, x, cos, sin, mask, k_layer, v_layer, cache_index)
+            x = constrain(x)
             if cache is not None:
                 start = (i, 0, cache_index, 0, 0)
                 new_k = jax.lax.dynamic_update_slice(new_k, k_chunk[None].astype(new_k.dtype), start)

@@ -38,11 +38,13 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl.workers.microbatch import check_row_shards, pad_rows, row_chunks, stack_micro
 from jaxrl.workers.optim import make_optimizer
-from jaxrl.workers.placement import batch_shards, jit_sharded, rows_sharding, shard_tree
+from jaxrl.workers.placement import activation_sharding, batch_shards, jit_sharded, rows_sharding, shard_tree
 from sharding import DEFAULT_RULES, param_shardings, shard_state
 
 
-def _forward_response(graphdef, params, input_ids, positions, attention_mask, prompt_width, temperature):
+def _forward_response(
+    graphdef, params, input_ids, positions, attention_mask, prompt_width, temperature, activation_sharding=None
+):
     """Logits of the response positions.
 
     Args:
@@ -50,12 +52,14 @@ def _forward_response(graphdef, params, input_ids, positions, attention_mask, pr
       prompt_width: ``P`` (static). Logits at position ``t`` predict token ``t + 1``, so the response token
         ``j`` (at ``P + j``) is scored by the logits at ``P + j - 1``.
       temperature: logits are divided by it (as verl does) so log-probs match the sampling distribution.
+      activation_sharding: on a mesh, the residual stream's sharding at block boundaries (rows over the batch
+        axes; see :func:`activation_sharding`), else None.
 
     Returns:
       float32 logits ``[B, R, V]``.
     """
     model = nnx.merge(graphdef, params)
-    logits, _ = model(input_ids, positions, attention_mask)
+    logits, _ = model(input_ids, positions, attention_mask, activation_sharding=activation_sharding)
     r = input_ids.shape[1] - prompt_width
     logits = jax.lax.dynamic_slice_in_dim(logits, prompt_width - 1, r, axis=1)
     return logits.astype(jnp.float32) / temperature
@@ -96,6 +100,7 @@ class LogProbComputer:
         self.temperature = float(temperature)
         self.mesh = mesh
         self.rules = DEFAULT_RULES if rules is None else rules
+        self.activation_sharding = activation_sharding(mesh, self.rules)
         if mesh is None:
             self._fn = jax.jit(self._log_probs, static_argnames=("prompt_width",))
         else:
@@ -121,7 +126,8 @@ class LogProbComputer:
 
     def _log_probs(self, params, input_ids, positions, attention_mask, response_ids, *, prompt_width):
         logits = _forward_response(
-            self.graphdef, params, input_ids, positions, attention_mask, prompt_width, self.temperature
+            self.graphdef, params, input_ids, positions, attention_mask, prompt_width, self.temperature,
+            self.activation_sharding,
         )
         return log_probs_from_logits(logits, response_ids), entropy_from_logits(logits)
 
@@ -206,6 +212,7 @@ class ActorWorker:
         self.cfg = actor_cfg
         self.mesh = mesh
         self.rules = DEFAULT_RULES if rules is None else rules
+        self.activation_sharding = activation_sharding(mesh, self.rules)
         self.mini_batch_rows = actor_cfg.ppo_mini_batch_size * rollout_n
         self.micro_batch_rows = actor_cfg.ppo_micro_batch_size_per_gpu
         # The reference params, needed inside the loss only for the exact ("full") KL over the vocabulary.
@@ -294,7 +301,7 @@ class ActorWorker:
         c = self.loss_cfg
         logits = _forward_response(
             self.graphdef, params, micro["input_ids"], micro["positions"], micro["attention_mask"], prompt_width,
-            self.temperature,
+            self.temperature, self.activation_sharding,
         )
         mask = micro["response_mask"]
         log_prob = log_probs_from_logits(logits, micro["response_ids"])
@@ -318,7 +325,7 @@ class ActorWorker:
             # Exact KL over the vocabulary: the reference's whole distribution, recomputed on this micro-batch.
             ref_logits = jax.lax.stop_gradient(_forward_response(
                 self.graphdef, ref_params, micro["input_ids"], micro["positions"], micro["attention_mask"],
-                prompt_width, self.temperature,
+                prompt_width, self.temperature, self.activation_sharding,
             ))
             kld = kl_penalty(jax.nn.log_softmax(logits, -1), jax.nn.log_softmax(ref_logits, -1), "full")
             kl_loss = agg_loss(kld, mask, c.loss_agg_mode, **norms)

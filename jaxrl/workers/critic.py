@@ -30,24 +30,27 @@ from jaxrl.algorithms import compute_value_loss, masked_sum
 from jaxrl.batch import RLBatch
 from jaxrl.workers.microbatch import check_row_shards, pad_rows, row_chunks, stack_micro
 from jaxrl.workers.optim import make_optimizer
-from jaxrl.workers.placement import batch_shards, jit_sharded, rows_sharding, shard_tree
+from jaxrl.workers.placement import activation_sharding, batch_shards, jit_sharded, rows_sharding, shard_tree
 from sharding import DEFAULT_RULES
 
 
-def forward_response_values(graphdef, params, input_ids, positions, attention_mask, prompt_width: int) -> jax.Array:
+def forward_response_values(
+    graphdef, params, input_ids, positions, attention_mask, prompt_width: int, activation_sharding=None
+) -> jax.Array:
     """Values of the response tokens.
 
     Args:
       graphdef, params: ``nnx.split`` of a :class:`~jaxrl.models.value_model.ValueModel`.
       input_ids, positions, attention_mask: ``[B, P + R]`` int32 (prompt then response).
       prompt_width: ``P`` (static).
+      activation_sharding: on a mesh, the residual stream's sharding at block boundaries, else None.
 
     Returns:
       float32 ``[B, R]``: the value for response token ``j`` is read at position ``P + j - 1``, the state
       *before* emitting token ``j`` (verl's critic: ``values[:, -R - 1:-1]``).
     """
     model = nnx.merge(graphdef, params)
-    values = model(input_ids, positions, attention_mask)
+    values = model(input_ids, positions, attention_mask, activation_sharding=activation_sharding)
     r = input_ids.shape[1] - prompt_width
     return jax.lax.dynamic_slice_in_dim(values, prompt_width - 1, r, axis=1)
 
@@ -101,6 +104,7 @@ class CriticWorker:
             raise ValueError(f"critic.forward_micro_batch_size_per_gpu must be >= 1, got {fwd}")
         self.mesh = mesh
         self.rules = DEFAULT_RULES if rules is None else rules
+        self.activation_sharding = activation_sharding(mesh, self.rules)
         self.param_shardings = self.opt_shardings = None  # mesh only
         if mesh is not None:
             shards = batch_shards(mesh, self.rules)
@@ -156,7 +160,9 @@ class CriticWorker:
     # -- values ----------------------------------------------------------------------------------------------
 
     def _values(self, params, input_ids, positions, attention_mask, *, prompt_width):
-        return forward_response_values(self.graphdef, params, input_ids, positions, attention_mask, prompt_width)
+        return forward_response_values(
+            self.graphdef, params, input_ids, positions, attention_mask, prompt_width, self.activation_sharding
+        )
 
     def compute_values(self, batch: RLBatch) -> np.ndarray:
         """Values of the response tokens under the current params.
@@ -183,7 +189,8 @@ class CriticWorker:
     def _micro_loss(self, params, micro, num_tokens, num_seqs, prompt_width):
         mask = micro["response_mask"]
         vpreds = forward_response_values(
-            self.graphdef, params, micro["input_ids"], micro["positions"], micro["attention_mask"], prompt_width
+            self.graphdef, params, micro["input_ids"], micro["positions"], micro["attention_mask"], prompt_width,
+            self.activation_sharding,
         )
         vf_loss, m = compute_value_loss(
             vpreds, micro["values"], micro["returns"], mask,

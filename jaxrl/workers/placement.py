@@ -106,6 +106,12 @@ def batch_shards(mesh: Mesh, rules: Rules) -> int:
     return math.prod(mesh.shape[a] for a in axes)
 
 
+def activation_sharding(mesh: Mesh | None, rules: Rules) -> NamedSharding | None:
+    """The ``[B, T, H]`` residual stream on ``mesh`` at block boundaries: rows over the rules' ``batch`` axes,
+    sequence and hidden replicated (the FSDP/TP-sharded weights are gathered per layer). None off-mesh."""
+    return None if mesh is None else rows_sharding(mesh, rules)
+
+
 def rows_sharding(mesh: Mesh, rules: Rules, *, row_dim: int = 0) -> NamedSharding:
     """Sharding of batch arrays whose dimension ``row_dim`` holds rows: rows over the ``"batch"`` rule's axes,
     every other dimension replicated (the spec covers dims ``0..row_dim``; later dims are replicated implicitly,

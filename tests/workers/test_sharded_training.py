@@ -319,3 +319,29 @@ def test_config_errors(override, expected):
     with pytest.raises(ConfigError) as e:
         _cfg(*override)
     assert expected in str(e.value)
+
+
+def test_activations_follow_the_batch_rule_at_block_boundaries():
+    """On a mesh the residual stream is constrained to rows over (data, fsdp) after every block."""
+    from flax import nnx as _nnx
+
+    from jaxrl.models.decoder import Decoder as _Decoder
+    from jaxrl.workers.placement import activation_sharding
+    from sharding.mesh import make_mesh
+    from sharding.rules import DEFAULT_RULES
+
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
+    sh = activation_sharding(mesh, DEFAULT_RULES)
+    assert sh.spec[0] == ("data", "fsdp")
+    graphdef, params = _nnx.split(_Decoder(CFG, rngs=_nnx.Rngs(0)))
+    ids = jnp.ones((4, 6), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(6), (4, 6))
+
+    def fwd(p, act=None):
+        return _nnx.merge(graphdef, p)(ids, pos, jnp.ones((4, 6)), activation_sharding=act)[0]
+
+    text = jax.jit(lambda p: fwd(p, sh)).lower(params).as_text()
+    assert text.count("sdy.sharding_constraint") == CFG.num_hidden_layers + 1  # after the embedding, every block
+    assert "sdy.sharding_constraint" not in jax.jit(fwd).lower(params).as_text()
+    np.testing.assert_allclose(np.asarray(jax.jit(lambda p: fwd(p, sh))(params)), np.asarray(fwd(params)), atol=1e-5)
+    assert activation_sharding(None, DEFAULT_RULES) is None
