@@ -375,6 +375,8 @@ class Trainer:
         c, cfg = self.c, self.c.cfg
         total = c.total_training_steps
         resumed = self.resume()
+        if not resumed:
+            c.logger.truncate_after(-1)  # a fresh run starts a fresh metrics.jsonl in a reused folder
         if resumed and self.step >= total:
             log.info("the checkpoint is already at step %d of %d: nothing left to train", self.step, total)
         if cfg.trainer.val_before_train and c.val_rows and not resumed:

@@ -64,6 +64,13 @@ def test_short_quickstart_run_writes_verl_metrics_plot_and_model(shared, tmp_pat
     assert (tmp_path / "hf_model" / "config.json").exists()
 
 
+def test_fresh_run_in_a_reused_folder_starts_a_fresh_metrics_file(shared, tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "old": 1}\n{"step": 7, "old": 1}\n')
+    run_training(load_config("configs/quickstart.yaml", tiny_run_overrides(tmp_path, ["trainer.test_freq=-1"])))
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2] and not any("old" in r for r in records)
+
+
 def test_reward_function_that_raises_or_hangs_never_stops_the_run(shared, tmp_path):
     rf = tmp_path / "bad_reward.py"
     rf.write_text(textwrap.dedent("""
