@@ -28,7 +28,6 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from jaxrl.algorithms import agg_loss, entropy_from_logits, get_policy_loss, kl_penalty, log_probs_from_logits
@@ -36,7 +35,14 @@ from jaxrl.algorithms.policy_loss import tis_weights
 from jaxrl.batch import RLBatch
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxrl.workers.microbatch import check_row_shards, pad_rows, row_chunks, stack_micro
+from jaxrl.workers.microbatch import (
+    check_row_shards,
+    guarded_update,
+    pad_rows,
+    row_chunks,
+    scan_accumulate,
+    stack_micro,
+)
 from jaxrl.workers.optim import make_optimizer
 from jaxrl.workers.placement import activation_sharding, batch_shards, jit_sharded, rows_sharding, shard_tree
 from sharding import DEFAULT_RULES, param_shardings, shard_state
@@ -353,42 +359,17 @@ class ActorWorker:
           ``(grads, metrics)``: grads with the params' structure; loss terms summed over micro-batches,
           ratio metrics (clip fractions, ppo_kl) token-weighted means.
         """
-        grad_fn = jax.value_and_grad(self._micro_loss, has_aux=True)
-
-        def body(carry, micro):
-            grads_acc, sums, wsums, tok = carry
-            (_, (metrics, weighted, tokens)), grads = grad_fn(
-                params, micro, num_tokens, num_seqs, prompt_width, ref_params
-            )
-            grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
-            sums = jax.tree.map(jnp.add, sums, metrics)
-            wsums = jax.tree.map(jnp.add, wsums, weighted)
-            return (grads_acc, sums, wsums, tok + tokens), None
-
-        first = jax.tree.map(lambda x: x[0], minibatch)
-        _, (m0, w0, _) = jax.eval_shape(
-            lambda p, m, t, s, r: self._micro_loss(p, m, t, s, prompt_width, r),
-            params, first, num_tokens, num_seqs, ref_params,
+        return scan_accumulate(
+            lambda p, micro: self._micro_loss(p, micro, num_tokens, num_seqs, prompt_width, ref_params),
+            params, minibatch,
         )
-        zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)  # noqa: E731
-        init = (jax.tree.map(jnp.zeros_like, params), zeros(m0), zeros(w0), jnp.zeros((), jnp.float32))
-        (grads, sums, wsums, tok), _ = jax.lax.scan(body, init, minibatch)
-        metrics = dict(sums)
-        metrics.update({k: v / jnp.maximum(tok, 1.0) for k, v in wsums.items()})
-        return grads, metrics
 
     def _update_minibatch(self, params, opt_state, minibatch, num_tokens, num_seqs, ref_params, *, prompt_width):
         """One optimizer update from a mini-batch stacked as ``[num_micro, micro_rows, ...]``."""
         grads, metrics = self.accumulate_grads(
             params, minibatch, num_tokens, num_seqs, prompt_width=prompt_width, ref_params=ref_params
         )
-        grad_norm = optax.tree.norm(grads)
-        finite = jnp.isfinite(grad_norm)
-        updates, new_opt_state = self._tx.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
-        # A non-finite gradient skips the update (params and optimizer state unchanged).
-        new_params = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_params, params)
-        new_opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_opt_state, opt_state)
+        new_params, new_opt_state, grad_norm, finite = guarded_update(self._tx, grads, opt_state, params)
         metrics["actor/grad_norm"] = grad_norm
         metrics["actor/nonfinite_grad"] = 1.0 - finite.astype(jnp.float32)
         return new_params, new_opt_state, metrics

@@ -84,3 +84,57 @@ def check_row_shards(rows: int, shards: int, what: str) -> None:
             f"{what}={rows} rows per micro-batch must be a positive multiple of the {shards} batch shards of the "
             f"train mesh (data x fsdp); each device takes micro-batch / {shards} rows"
         )
+
+
+def scan_accumulate(micro_loss, params, minibatch):
+    """Gradient of a mini-batch loss accumulated over its micro-batches with one ``lax.scan`` (traced in a jit).
+
+    Args:
+      micro_loss: ``(params, micro) -> (loss, (sums, weighted, tokens))``: the micro-batch's share of the
+        mini-batch loss (normalised by mini-batch-global counts, so the shares add up to the mini-batch loss),
+        metrics to sum, token-weighted metrics (value x tokens) and the micro-batch's valid-token count.
+      params: the differentiated pytree.
+      minibatch: dict of arrays stacked ``[num_micro, micro_rows, ...]`` (see :func:`stack_micro`).
+
+    Returns:
+      ``(grads, metrics)``: the summed gradient; ``sums`` summed over micro-batches and ``weighted`` divided by
+      the total token count (token-weighted means).
+    """
+    import jax
+    import jax.numpy as jnp
+
+    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+    def body(carry, micro):
+        grads_acc, sums, wsums, tok = carry
+        (_, (metrics, weighted, tokens)), grads = grad_fn(params, micro)
+        add = lambda a, b: jax.tree.map(jnp.add, a, b)  # noqa: E731
+        return (add(grads_acc, grads), add(sums, metrics), add(wsums, weighted), tok + tokens), None
+
+    first = jax.tree.map(lambda x: x[0], minibatch)
+    _, (m0, w0, _) = jax.eval_shape(micro_loss, params, first)
+    zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)  # noqa: E731
+    init = (jax.tree.map(jnp.zeros_like, params), zeros(m0), zeros(w0), jnp.zeros((), jnp.float32))
+    (grads, sums, wsums, tok), _ = jax.lax.scan(body, init, minibatch)
+    metrics = dict(sums)
+    metrics.update({k: v / jnp.maximum(tok, 1.0) for k, v in wsums.items()})
+    return grads, metrics
+
+
+def guarded_update(tx, grads, opt_state, params):
+    """One optax update that is skipped when the gradient is not finite.
+
+    Returns:
+      ``(new_params, new_opt_state, grad_norm, finite)``: with a NaN/Inf gradient norm the params and the optimizer
+      state come back unchanged and ``finite`` is False.
+    """
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(grad_norm)
+    updates, new_opt_state = tx.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+    return keep(new_params, params), keep(new_opt_state, opt_state), grad_norm, finite
