@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -148,3 +149,40 @@ class RolloutEngine(Protocol):
     def update_weights(self, params) -> None:
         """Replace the engine's weights with ``params`` (an ``nnx.State`` of the same structure)."""
         ...
+
+
+def check_prompts(
+    prompts: Sequence[Sequence[int]], *, vocab_size: int, bos_token_id: int | None, max_prompt_length: int
+) -> list[list[int]]:
+    """Validate token-id prompts for any rollout engine; returns them as plain ``list[list[int]]``.
+
+    An empty prompt becomes ``[bos_token_id]`` (generation from BOS alone).
+
+    Raises:
+      ValueError: not a non-empty list of token-id lists, a string prompt, non-integer ids, an empty prompt
+        without a BOS id, a prompt longer than ``max_prompt_length``, or ids outside ``[0, vocab_size)``;
+        the message names the prompt index.
+    """
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+        raise ValueError(f"prompts must be a list of token-id lists; got {type(prompts).__name__}")
+    if len(prompts) == 0:
+        raise ValueError("prompts is empty; pass at least one token-id list")
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, (str, bytes)):
+            raise ValueError(f"prompt {i} is a string; tokenize it first (expected a list of token ids)")
+        arr = np.asarray(p) if len(p) else np.zeros((0,), np.int64)
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            raise ValueError(f"prompt {i} must be a flat list of int token ids; got {p!r:.80}")
+        ids = arr.tolist()
+        if not ids:
+            if bos_token_id is None:
+                raise ValueError(f"prompt {i} is empty and the model has no bos_token_id to start from")
+            ids = [int(bos_token_id)]
+        if len(ids) > max_prompt_length:
+            raise ValueError(f"prompt {i} has {len(ids)} tokens, more than max_prompt_length={max_prompt_length}")
+        bad = [t for t in ids if not (0 <= t < vocab_size)]
+        if bad:
+            raise ValueError(f"prompt {i} has token ids {bad[:5]} outside the vocabulary [0, {vocab_size})")
+        out.append(ids)
+    return out

@@ -37,7 +37,7 @@ from flax import nnx
 
 from jaxrl.models.config import ModelConfig
 from jaxrl.models.decoder import init_cache
-from jaxrl.rollout.base import RolloutOutput, SamplingParams
+from jaxrl.rollout.base import RolloutOutput, SamplingParams, check_prompts
 from jaxrl.rollout.sampling import select_tokens
 
 __all__ = ["JaxSampler"]
@@ -273,33 +273,10 @@ class JaxSampler:
         return min(size, self.max_batch_size) if self.max_batch_size else size
 
     def _check_prompts(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
-        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
-            raise ValueError(f"prompts must be a list of token-id lists; got {type(prompts).__name__}")
-        if len(prompts) == 0:
-            raise ValueError("prompts is empty; pass at least one token-id list")
-        vocab = self.model_cfg.vocab_size
-        bos = self.model_cfg.bos_token_id
-        out = []
-        for i, p in enumerate(prompts):
-            if isinstance(p, (str, bytes)):
-                raise ValueError(f"prompt {i} is a string; tokenize it first (expected a list of token ids)")
-            arr = np.asarray(p) if len(p) else np.zeros((0,), np.int64)
-            if arr.ndim != 1 or arr.dtype.kind not in "iu":
-                raise ValueError(f"prompt {i} must be a flat list of int token ids; got {p!r:.80}")
-            ids = arr.tolist()
-            if not ids:
-                if bos is None:
-                    raise ValueError(f"prompt {i} is empty and the model has no bos_token_id to start from")
-                ids = [int(bos)]
-            if len(ids) > self.max_prompt_length:
-                raise ValueError(
-                    f"prompt {i} has {len(ids)} tokens, more than max_prompt_length={self.max_prompt_length}"
-                )
-            bad = [t for t in ids if not (0 <= t < vocab)]
-            if bad:
-                raise ValueError(f"prompt {i} has token ids {bad[:5]} outside the vocabulary [0, {vocab})")
-            out.append(ids)
-        return out
+        return check_prompts(
+            prompts, vocab_size=self.model_cfg.vocab_size, bos_token_id=self.model_cfg.bos_token_id,
+            max_prompt_length=self.max_prompt_length,
+        )
 
     def _stop_array(self, extra: tuple[int, ...]) -> np.ndarray:
         stops = sorted(set(self.eos_token_ids) | set(extra))

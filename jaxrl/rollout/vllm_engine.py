@@ -48,7 +48,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl.models.config import ModelConfig
-from jaxrl.rollout.base import RolloutOutput, SamplingParams
+from jaxrl.rollout.base import RolloutOutput, SamplingParams, check_prompts
 
 __all__ = ["VllmEngine", "WeightSyncError", "row_seeds"]
 
@@ -351,27 +351,10 @@ class VllmEngine:
         return min(max(1, math.ceil(longest / b)) * b, self.max_prompt_length)
 
     def _check_prompts(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
-        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or len(prompts) == 0:
-            raise ValueError(f"prompts must be a non-empty list of token-id lists; got {prompts!r:.80}")
-        vocab, bos, out = self.model_cfg.vocab_size, self.model_cfg.bos_token_id, []
-        for i, p in enumerate(prompts):
-            if isinstance(p, (str, bytes)):
-                raise ValueError(f"prompt {i} is a string; tokenize it first (expected a list of token ids)")
-            arr = np.asarray(p) if len(p) else np.zeros((0,), np.int64)
-            if arr.ndim != 1 or arr.dtype.kind not in "iu":
-                raise ValueError(f"prompt {i} must be a flat list of int token ids; got {p!r:.80}")
-            ids = arr.tolist()
-            if not ids:
-                if bos is None:
-                    raise ValueError(f"prompt {i} is empty and the model has no bos_token_id to start from")
-                ids = [int(bos)]
-            if len(ids) > self.max_prompt_length:
-                raise ValueError(f"prompt {i} has {len(ids)} tokens, more than max_prompt_length={self.max_prompt_length}")
-            bad = [t for t in ids if not (0 <= t < vocab)]
-            if bad:
-                raise ValueError(f"prompt {i} has token ids {bad[:5]} outside the vocabulary [0, {vocab})")
-            out.append(ids)
-        return out
+        return check_prompts(
+            prompts, vocab_size=self.model_cfg.vocab_size, bos_token_id=self.model_cfg.bos_token_id,
+            max_prompt_length=self.max_prompt_length,
+        )
 
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, *, rng_seed: int | None = None
