@@ -67,7 +67,7 @@ def _sampling_params(rollout_cfg, max_new_tokens: int, *, validation: bool, seed
     return SamplingParams(
         n=rollout_cfg.n, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p, top_k=rollout_cfg.top_k,
         max_new_tokens=max_new_tokens, do_sample=rollout_cfg.do_sample,
-        stop_token_ids=tuple(rollout_cfg.stop_token_ids or ()), seed=seed,
+        stop_token_ids=tuple(rollout_cfg.stop_token_ids or ()), seed=seed, ignore_eos=rollout_cfg.ignore_eos,
     )
 
 

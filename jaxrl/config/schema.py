@@ -183,6 +183,7 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.5  # vLLM: fraction of GPU memory for weights + KV cache
     update_weights_timeout_s: float = 600.0  # jaxrl/vLLM: seconds one weight sync may take before it fails
     stop_token_ids: list[int] = field(default_factory=list)  # jaxrl: extra ids that end a response (besides eos)
+    ignore_eos: bool = False  # True = eos does not end a response (every response runs to max_new_tokens)
     seed: Optional[int] = None  # jaxrl: sampling PRNG seed; null = trainer.seed (filled by the loader)
     val_kwargs: SamplingKwargs = field(default_factory=SamplingKwargs)  # validation sampling section
 

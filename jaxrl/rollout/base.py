@@ -33,6 +33,9 @@ class SamplingParams:
       do_sample: False = greedy argmax (temperature/top-k/top-p ignored).
       stop_token_ids: extra ids that end a response, in addition to the model's eos ids (a list
         is converted to a tuple).
+      ignore_eos: True = the model's eos ids do not end a response (vLLM's ``ignore_eos``, verl's
+        ``rollout.ignore_eos``): every response runs to ``max_new_tokens`` unless it emits one of
+        ``stop_token_ids``. For benchmarks and length-controlled experiments.
       seed: PRNG seed in [0, 2**32) used when ``generate`` gets no ``rng_seed``.
 
     Raises:
@@ -47,6 +50,7 @@ class SamplingParams:
     do_sample: bool = True
     stop_token_ids: tuple[int, ...] = ()
     seed: int = 0
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         def bad(field: str, valid: str) -> ValueError:
@@ -72,6 +76,8 @@ class SamplingParams:
             raise bad("stop_token_ids", "a tuple of non-negative ints")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not (0 <= self.seed < _MAX_SEED):
             raise bad("seed", f"an int in [0, {_MAX_SEED})")
+        if not isinstance(self.ignore_eos, bool):
+            raise bad("ignore_eos", "a bool")
 
     @property
     def greedy(self) -> bool:

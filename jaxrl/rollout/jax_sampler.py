@@ -278,8 +278,8 @@ class JaxSampler:
             max_prompt_length=self.max_prompt_length,
         )
 
-    def _stop_array(self, extra: tuple[int, ...]) -> np.ndarray:
-        stops = sorted(set(self.eos_token_ids) | set(extra))
+    def _stop_array(self, extra: tuple[int, ...], ignore_eos: bool = False) -> np.ndarray:
+        stops = sorted(set(extra) if ignore_eos else set(self.eos_token_ids) | set(extra))
         size = max(_MIN_STOP_SLOTS, _next_pow2(len(stops)))
         arr = np.full((size,), -1, np.int32)
         arr[: len(stops)] = stops
@@ -327,7 +327,7 @@ class JaxSampler:
             "top_p": jnp.float32(params.top_p),
             "greedy": jnp.bool_(greedy),
         }
-        stop_ids = jnp.asarray(self._stop_array(params.stop_token_ids))
+        stop_ids = jnp.asarray(self._stop_array(params.stop_token_ids, params.ignore_eos))
 
         chunk = self.max_batch_size or rows
         self.last_decode_steps = 0

@@ -391,7 +391,8 @@ class VllmEngine:
         prompts = self._check_prompts(prompts)
         width = self._prompt_width(max(len(p) for p in prompts))
         rows = len(prompts) * n
-        stops = sorted(set(self.eos_token_ids) | set(params.stop_token_ids))
+        stops = sorted(set(params.stop_token_ids) if params.ignore_eos
+                       else set(self.eos_token_ids) | set(params.stop_token_ids))
         greedy = params.greedy
         seeds = row_seeds(int(seed), rows)
         requests, sps = [], []
@@ -401,7 +402,7 @@ class VllmEngine:
                 sps.append(VllmSamplingParams(
                     n=1, temperature=0.0 if greedy else float(params.temperature),
                     top_p=1.0 if greedy else float(params.top_p), top_k=0 if greedy or params.top_k <= 0 else params.top_k,
-                    max_tokens=r, stop_token_ids=stops, ignore_eos=False, logprobs=0, detokenize=False,
+                    max_tokens=r, stop_token_ids=stops, ignore_eos=params.ignore_eos, logprobs=0, detokenize=False,
                     seed=seeds[i * n + j],
                 ))
         if self._asleep:

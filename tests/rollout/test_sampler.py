@@ -175,6 +175,7 @@ def test_protocol_and_output_shapes(sampler):
         ({"do_sample": 1}, "do_sample"),
         ({"seed": -1}, "seed"),
         ({"seed": 2**32}, "seed"),
+        ({"ignore_eos": 1}, "ignore_eos"),
     ],
 )
 def test_sampling_params_validation(kw, field):
@@ -281,6 +282,21 @@ def test_stops_at_model_eos(cfg, model, ref):
     assert out.response_lengths.tolist() == [k + 1]
     # every row finished early, so the loop exited early: the tail must still be padding
     assert (out.response_ids[0, k + 1 :] == PAD).all() and (out.rollout_log_probs[0, k + 1 :] == 0).all()
+
+
+def test_ignore_eos_runs_to_max_new_tokens(cfg, model, ref):
+    """``ignore_eos=True``: the model's eos no longer ends the row (greedy path continues through it)."""
+    expect = naive_greedy(ref, PROMPTS[1], R, stop=())
+    eos = expect[1]
+    s = JaxSampler.from_model(model, cfg, pad_token_id=PAD, eos_token_ids=(eos,), max_prompt_length=16)
+    out = s.generate([PROMPTS[1]], SamplingParams(do_sample=False, max_new_tokens=R, ignore_eos=True))
+    assert out.response_token_lists()[0] == expect
+    assert out.response_lengths.tolist() == [R]
+    # an explicit stop id still ends it
+    stop = expect[3]
+    out = s.generate([PROMPTS[1]], SamplingParams(do_sample=False, max_new_tokens=R, ignore_eos=True,
+                                                  stop_token_ids=(stop,)))
+    assert out.response_token_lists()[0] == expect[: expect.index(stop) + 1]
 
 
 def test_top_k_1_sampling_equals_greedy(sampler):
