@@ -131,6 +131,12 @@ def _complete_steps(directory: Path) -> list[int]:
     return sorted(m.step for m in fmt.find_all(directory))
 
 
+def latest_complete_step(directory: str | os.PathLike) -> int | None:
+    """The newest step under the run root ``directory`` whose save finished (orbax-finalized), or None."""
+    steps = _complete_steps(Path(directory).expanduser())
+    return steps[-1] if steps else None
+
+
 # --------------------------------------------------------------------------------------------- helpers
 
 

@@ -37,6 +37,21 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _checkpoint_hint(cfg) -> str:
+    """Where a stopped run can resume from: the newest complete checkpoint in ``trainer.default_local_dir``."""
+    from jaxrl.checkpoint import latest_complete_step
+
+    root = cfg.trainer.default_local_dir
+    try:
+        step = latest_complete_step(root)
+    except (OSError, ValueError):
+        step = None
+    if step is None:
+        return f"no checkpoint was saved in {root} yet (trainer.save_freq={cfg.trainer.save_freq})"
+    return (f"the newest complete checkpoint is {root}/global_step_{step} (untouched by the failed sync); "
+            "fix the cause and rerun the same command to resume from it")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), load the config, then print it or train.
 
@@ -63,12 +78,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
         return 0
     from jaxrl.data.sources import DataFileError
+    from jaxrl.rollout.base import WeightSyncError
     from jaxrl.trainer import NonFiniteTrainingError, run_training  # heavy (jax); only after the config is valid
 
     try:
         run_training(loaded.config)
     except (FileNotFoundError, DataFileError, NonFiniteTrainingError) as e:  # names the culprit and the fix
         print(f"jaxrl: error: {e}", file=sys.stderr)
+        return 1
+    except WeightSyncError as e:  # the rollout engine could not take the new weights: stop, keep the checkpoints
+        print(f"jaxrl: error: {e}", file=sys.stderr)
+        print(f"jaxrl: {_checkpoint_hint(loaded.config)}", file=sys.stderr)
         return 1
     except ConfigError as e:  # a setting only checkable once jax is up (e.g. mesh sizes vs device count)
         print(f"jaxrl: config error: {e}", file=sys.stderr)

@@ -196,9 +196,9 @@ class Trainer:
     def sync_rollout(self) -> int:
         """Give the rollout engine the actor's current weights; returns the bytes moved between devices.
 
-        With a placement the translator re-lays the train-mesh params out for the rollout mesh (colocated: one
-        jitted reshard; split: device-to-device copies) and the count is its ``bytes_moved``; without one the
-        engine takes the params as they are (0 bytes).
+        With a translator (a placement, or vLLM) it re-lays the train-mesh params out for the engine (colocated:
+        one jitted reshard; split: device-to-device copies; vLLM: whole HF tensors on the engine's device) and the
+        count is its ``bytes_moved``; without one the engine takes the params as they are (0 bytes).
         """
         c = self.c
         if c.translator is None:
@@ -678,18 +678,25 @@ def _build_actor_and_reference(cfg, graphdef, params, total_training_steps, plac
 
 
 def _build_rollout(cfg, model_cfg, graphdef, params, tokenizer, actor, placement):
-    """The rollout engine and, with a placement, the translator that feeds it (None without one).
+    """The rollout engine and the translator that feeds it every sync (None: the engine takes the params as is).
 
-    With a placement the embedded sampler starts on the actor's params as translated onto the rollout mesh, so the
-    first sync and every later one take the same path. Other engines (vLLM) lay out and place their weights
-    themselves: they get the actor's params as they are, with or without a train mesh.
+    * embedded sampler with a placement: the sampler starts on the actor's params as translated onto the rollout
+      mesh (a ``"jax"`` plan), so the first sync and every later one take the same path; without a placement it
+      runs on the actor's own single-device params and needs no translator;
+    * vLLM: an ``"hf"`` plan (:func:`jaxrl.workers.placement.build_hf_translator`) turns the actor's params, on
+      whatever train mesh, into whole HF-checkpoint tensors on the engine's device (vLLM's weight loaders cut their
+      own tensor-parallel shards); the engine starts from the same weights written as an HF directory.
     """
+    from jaxrl.workers.placement import build_hf_translator, build_translator
     from jaxrl.workers.rollout import make_rollout_engine
 
-    if placement is None or cfg.actor_rollout_ref.rollout.name != "jax":
-        return make_rollout_engine(cfg, model_cfg, graphdef, actor.params if placement else params, tokenizer), None
-    from jaxrl.workers.placement import build_translator
-
+    engine_params = actor.params if placement else params
+    if cfg.actor_rollout_ref.rollout.name == "vllm":
+        rollout = make_rollout_engine(cfg, model_cfg, graphdef, engine_params, tokenizer, placement=placement)
+        remote = placement is not None and placement.kind == "split"  # vLLM in its own process reads host memory
+        return rollout, build_hf_translator(engine_params, model_cfg, host=remote)
+    if placement is None:
+        return make_rollout_engine(cfg, model_cfg, graphdef, params, tokenizer), None
     translator = build_translator(actor.params, placement)
     rollout_params, report = translator.sync(actor.params)
     log.info("initial weight sync: %d tensors, %.1f MB moved in %.2f s", report.num_tensors,
@@ -771,6 +778,9 @@ def run_training(cfg) -> dict[str, float]:
         last = trainer.fit()
     finally:
         c.logger.close()
+        shutdown = getattr(c.rollout, "shutdown", None)  # vLLM: its engine (and worker process, if any)
+        if shutdown is not None:
+            shutdown()
     if c.logger.jsonl_path.exists():
         png = plot_rewards(c.logger.jsonl_path, c.out_dir / "reward.png")
         log.info("reward plot: %s", png)

@@ -43,6 +43,17 @@ vLLM's per-rank head counts (:func:`sharding.ops.kv_layout`); when ``tp > nKV`` 
 rows to a multiple of ``vocab_pad_multiple`` (vLLM's ``DEFAULT_VOCAB_PADDING_SIZE`` = 64). Tied models have no
 ``lm_head.weight`` (vLLM ties it to the embedding).
 
+``"hf"``: Hugging Face checkpoint format - what ``transformers`` state dicts hold and what vLLM's
+``model.load_weights`` / ``Worker.reload_weights(is_checkpoint_format=True)`` consume: unfused, unpadded, torch
+``[out, in]`` layout, every tensor whole (``model.embed_tokens.weight [V, E]``,
+``model.layers.{i}.self_attn.{q,k,v}_proj.weight [n*D, E]`` (+ ``.bias [n*D]`` for Qwen2),
+``model.layers.{i}.self_attn.o_proj.weight [E, nH*D]``, ``model.layers.{i}.self_attn.{q,k}_norm.weight [D]``
+(Qwen3), ``model.layers.{i}.mlp.{gate,up}_proj.weight [I, E]``, ``model.layers.{i}.mlp.down_proj.weight [E, I]``,
+the layer norms, ``model.norm.weight``, ``lm_head.weight [V, E]`` (untied only)), replicated over the target
+mesh - normally one device, the inference engine's rank-0 device, from which the engine's own weight loaders cut
+their tensor-parallel shards (``stacked_params_mapping`` in vLLM's ``models/{llama,qwen2,qwen3}.py``). The names
+equal ``jaxrl.models.hf.to_hf_tensors``'. Consumed zero-copy through DLPack by ``jaxrl.rollout.vllm_engine``.
+
 ``"jetstream"``: a MaxText parameter tree (what JetStream's MaxText engine serves), scanned layers with the
 layer axis at position 1 (``param_scan_axis=1``), as written by MaxText's ``llama_or_mistral_ckpt.py`` and read
 by ``integration/tunix/weight_mapping/{llama3,qwen3}.py`` (AI-Hypercomputer/maxtext)::
@@ -128,7 +139,7 @@ __all__ = [
     "validate_plan",
 ]
 
-KINDS: tuple[str, ...] = ("jax", "vllm", "jetstream")
+KINDS: tuple[str, ...] = ("jax", "hf", "vllm", "jetstream")
 
 
 # ----------------------------------------------------------------------------------------------- descriptions
@@ -323,7 +334,7 @@ class TargetSpec:
     """Where and how the inference side wants the weights.
 
     Attributes:
-        kind: ``"jax"`` | ``"vllm"`` | ``"jetstream"``.
+        kind: ``"jax"`` | ``"hf"`` | ``"vllm"`` | ``"jetstream"``.
         mesh: the target mesh. For ``"vllm"`` it must have a ``"tensor"`` axis of size ``tensor_parallel`` and
             no other axis larger than 1.
         devices: instead of ``mesh``: the target devices; a ``("tensor",)`` mesh over them is built.
@@ -584,6 +595,49 @@ def _build_vllm(src, target: TargetSpec, mesh: Mesh, tp: int, info: ModelInfo) -
     return rules, expected
 
 
+def _build_hf(src, target: TargetSpec, mesh: Mesh, info: ModelInfo) -> tuple[list[Rule], dict]:
+    e, i, d = info.hidden, info.intermediate, info.head_dim
+    nh, nkv = info.num_heads, info.num_kv_heads
+    if "embed_tokens" not in src:
+        raise ValueError("source has no 'embed_tokens'; an hf plan needs the decoder's parameter names")
+    vocab = src["embed_tokens"].shape[0]
+    rep = _named(mesh)
+    has_bias = "layers.0.self_attn.q_bias" in src
+    has_qk_norm = "layers.0.self_attn.q_norm.scale" in src
+    rules: list[Rule] = []
+    expected: dict[str, jax.ShapeDtypeStruct] = {}
+
+    def add(tname, source, steps, shape):
+        dt = _dtype(target, _src_dtype(src, source))
+        rules.append(Rule(tname, (source,), _with_cast(steps, _src_dtype(src, source), target), rep))
+        expected[tname] = jax.ShapeDtypeStruct(tuple(shape), dt)
+
+    add("model.embed_tokens.weight", "embed_tokens", [], (vocab, e))
+    for li in range(info.num_layers):
+        s, t = f"layers.{li}.", f"model.layers.{li}."
+        add(t + "input_layernorm.weight", s + "input_layernorm.scale", [], (e,))
+        add(t + "post_attention_layernorm.weight", s + "post_attention_layernorm.scale", [], (e,))
+        for name, n in (("q", nh), ("k", nkv), ("v", nkv)):
+            # ours [E, n, D] -> HF [n*D, E]
+            add(t + f"self_attn.{name}_proj.weight", s + f"self_attn.{name}_proj",
+                [_reshape((e, n * d)), _transpose((1, 0))], (n * d, e))
+            if has_bias:
+                add(t + f"self_attn.{name}_proj.bias", s + f"self_attn.{name}_bias", [_reshape((n * d,))], (n * d,))
+        # ours [nH, D, E] -> HF [E, nH*D]
+        add(t + "self_attn.o_proj.weight", s + "self_attn.o_proj", [_reshape((nh * d, e)), _transpose((1, 0))],
+            (e, nh * d))
+        if has_qk_norm:
+            add(t + "self_attn.q_norm.weight", s + "self_attn.q_norm.scale", [], (d,))
+            add(t + "self_attn.k_norm.weight", s + "self_attn.k_norm.scale", [], (d,))
+        for name in ("gate", "up"):
+            add(t + f"mlp.{name}_proj.weight", s + f"mlp.{name}_proj", [_transpose((1, 0))], (i, e))
+        add(t + "mlp.down_proj.weight", s + "mlp.down_proj", [_transpose((1, 0))], (e, i))
+    add("model.norm.weight", "norm.scale", [], (e,))
+    if not info.tie_word_embeddings:
+        add("lm_head.weight", "lm_head", [_transpose((1, 0))], (vocab, e))
+    return rules, expected
+
+
 def _build_jetstream(src, target: TargetSpec, mesh: Mesh, info: ModelInfo) -> tuple[list[Rule], dict]:
     rules_table = target.rules if target.rules is not None else TENSOR_PARALLEL_RULES
     e, i, d, n_l = info.hidden, info.intermediate, info.head_dim, info.num_layers
@@ -661,7 +715,7 @@ def build_plan(source: Any, target: TargetSpec, model_info: ModelInfo | None = N
             ``ShapeDtypeStruct``; the ``"jax"`` target needs logical names, i.e. a State, unless
             ``target.shardings`` is given).
         target: the :class:`TargetSpec`.
-        model_info: required for ``"vllm"`` and ``"jetstream"`` (:meth:`ModelInfo.from_config`).
+        model_info: required for ``"hf"``, ``"vllm"`` and ``"jetstream"`` (:meth:`ModelInfo.from_config`).
 
     Returns:
         a validated :class:`Plan`.
@@ -679,6 +733,8 @@ def build_plan(source: Any, target: TargetSpec, model_info: ModelInfo | None = N
             raise ValueError(f"a {target.kind!r} plan needs model_info=ModelInfo(...); got {model_info!r}")
         if target.kind == "vllm":
             rules, expected = _build_vllm(src, target, mesh, tp, model_info)
+        elif target.kind == "hf":
+            rules, expected = _build_hf(src, target, mesh, model_info)
         else:
             rules, expected = _build_jetstream(src, target, mesh, model_info)
     plan = Plan(target.kind, tuple(rules), dict(expected), dict(src), target, mesh)

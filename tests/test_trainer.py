@@ -148,3 +148,39 @@ def test_malformed_row_names_file_and_line(tmp_path, capsys):
     assert main(["--config", "configs/quickstart.yaml", f"data.train_files={bad}"]) == 1
     err = capsys.readouterr().err
     assert "rows.jsonl:2" in err and "skip_malformed" in err
+
+
+def test_failed_weight_sync_stops_the_run_and_keeps_the_last_checkpoint(shared, tmp_path, monkeypatch, capsys):
+    """A sync that fails after step 3's update: exit 1 naming the failure and the newest complete checkpoint
+    (global_step_2, untouched), no checkpoint of the unsynced step, and rerunning the command resumes from it."""
+    from jaxrl.checkpoint import latest_complete_step
+    from jaxrl.rollout import JaxSampler
+    from jaxrl.rollout.base import WeightSyncError
+    from jaxrl.train import main
+
+    real = JaxSampler.update_weights
+    calls = {"n": 0}
+
+    def failing_update(self, params):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise WeightSyncError("weight sync #3 into the test engine timed out (injected)")
+        return real(self, params)
+
+    monkeypatch.setattr(JaxSampler, "update_weights", failing_update)
+    args = ["--config", "configs/quickstart.yaml",
+            *tiny_run_overrides(tmp_path, ["trainer.test_freq=-1", "trainer.save_freq=1",
+                                           "trainer.total_training_steps=4", "trainer.logger=['jsonl']"])]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "weight sync #3" in err and "timed out (injected)" in err
+    assert f"{tmp_path}/global_step_2 (untouched by the failed sync)" in err
+    assert latest_complete_step(tmp_path) == 2 and not (tmp_path / "global_step_3").exists()
+    before = {p.relative_to(tmp_path): p.read_bytes() for p in (tmp_path / "global_step_2").rglob("*") if p.is_file()}
+
+    monkeypatch.setattr(JaxSampler, "update_weights", real)
+    assert main(args) == 0  # the same command resumes from step 2 and finishes
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    after = {p.relative_to(tmp_path): p.read_bytes() for p in (tmp_path / "global_step_2").rglob("*") if p.is_file()}
+    assert after == before or not (tmp_path / "global_step_2").exists()  # kept as-is, or rotated out by max_to_keep

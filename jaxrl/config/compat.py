@@ -104,7 +104,10 @@ NOTES: dict[str, str] = {
     "actor_rollout_ref.rollout.dtype": "the jax sampler computes in actor_rollout_ref.model.dtype",
     "actor_rollout_ref.rollout.enforce_eager": _VLLM_TUNING,
     "actor_rollout_ref.rollout.cudagraph_capture_sizes": _VLLM_TUNING,
-    "actor_rollout_ref.rollout.free_cache_engine": _VLLM_TUNING,
+    "actor_rollout_ref.rollout.free_cache_engine": (
+        "used by vLLM (rollout.name=vllm) on CUDA: sleep/wake around each rollout; the jax sampler and vLLM's CPU "
+        "platform (no sleep mode) ignore it"
+    ),
     "actor_rollout_ref.rollout.max_num_batched_tokens": _VLLM_TUNING,
     "actor_rollout_ref.rollout.max_model_len": _VLLM_TUNING,
     "actor_rollout_ref.rollout.max_num_seqs": _VLLM_TUNING,

@@ -637,10 +637,10 @@ def _validate_mesh(cfg: JaxRLConfig, c: _Checks) -> None:
             f"trainer.mesh {sizes} (unset axes filled) has more than one axis set to -1; at most one axis may fill "
             "the remaining devices"
         )
-    if t.placement == "split" and cfg.actor_rollout_ref.rollout.name != "jax":
+    if t.placement == "split" and cfg.actor_rollout_ref.rollout.name not in ("jax", "vllm"):
         c.fail("trainer.placement", f"'colocated' with actor_rollout_ref.rollout.name="
-               f"{cfg.actor_rollout_ref.rollout.name!r} (that engine places its own weights; split placement moves "
-               "weights to the embedded jax sampler's devices)")
+               f"{cfg.actor_rollout_ref.rollout.name!r} (split placement runs the embedded jax sampler on its own "
+               "devices, or vLLM as a separate worker process)")
     if t.placement == "split":
         v = t.rollout_devices
         if not (_is_int(v) and v >= 1):

@@ -182,6 +182,10 @@ class RolloutConfig:
     tensor_model_parallel_size: int = 2
     gpu_memory_utilization: float = 0.5  # vLLM: fraction of GPU memory for weights + KV cache
     update_weights_timeout_s: float = 600.0  # jaxrl/vLLM: seconds one weight sync may take before it fails
+    # vLLM on CUDA: sleep after each rollout (KV cache freed, weights offloaded to host) so the trainer's update has
+    # the memory, wake before the next sync/rollout. vLLM's CPU platform has no sleep mode: there only the prefix
+    # cache is reset after each sync. The jax sampler allocates its KV cache per call and ignores it.
+    free_cache_engine: bool = True
     stop_token_ids: list[int] = field(default_factory=list)  # jaxrl: extra ids that end a response (besides eos)
     ignore_eos: bool = False  # True = eos does not end a response (every response runs to max_new_tokens)
     seed: Optional[int] = None  # jaxrl: sampling PRNG seed; null = trainer.seed (filled by the loader)

@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["SamplingParams", "RolloutOutput", "RolloutEngine"]
+__all__ = ["SamplingParams", "RolloutOutput", "RolloutEngine", "WeightSyncError"]
 
 _MAX_SEED = 2**32
 
@@ -140,6 +140,14 @@ class RolloutOutput:
     def response_token_lists(self) -> list[list[int]]:
         """The generated ids of each row as a Python list, trimmed by ``response_mask``."""
         return [row[m.astype(bool)].tolist() for row, m in zip(self.response_ids, self.response_mask)]
+
+
+class WeightSyncError(RuntimeError):
+    """A weight sync into a rollout engine failed or timed out; the message names the sync and the engine.
+
+    The trainer does not catch it: the run stops (``python -m jaxrl.train`` exits 1 naming the newest complete
+    checkpoint, which the failed sync never touches; rerunning the same command resumes from it).
+    """
 
 
 @runtime_checkable

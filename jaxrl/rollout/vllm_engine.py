@@ -40,7 +40,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import jax
@@ -48,15 +48,11 @@ import numpy as np
 from flax import nnx
 
 from jaxrl.models.config import ModelConfig
-from jaxrl.rollout.base import RolloutOutput, SamplingParams, check_prompts
+from jaxrl.rollout.base import RolloutOutput, SamplingParams, WeightSyncError, check_prompts
 
 __all__ = ["VllmEngine", "WeightSyncError", "row_seeds"]
 
 log = logging.getLogger(__name__)
-
-
-class WeightSyncError(RuntimeError):
-    """A weight sync into the vLLM engine failed or timed out; the message names the sync and the engine."""
 
 
 def row_seeds(seed: int, rows: int) -> list[int]:
@@ -193,13 +189,14 @@ class VllmEngine:
         self._dead: str | None = None  # a sync failed inside vLLM: weights half-loaded, the engine is unusable
         self._sync_thread: threading.Thread | None = None
         self._sync_result: dict | None = None
+        self._translator = None  # (source layout key, sharding.Translator) for update_weights(nnx.State)
 
         is_cpu = current_platform.is_cpu()
         if enable_sleep_mode and not current_platform.is_cuda():
             raise ValueError(f"enable_sleep_mode=True needs a CUDA platform; vLLM runs on {current_platform.device_name!r}")
         self._sleep = bool(enable_sleep_mode)
         self._repack_tied_head = is_cpu and model_cfg.tie_word_embeddings
-        self._asleep = False
+        self._asleep: set[str] = set()  # sleep mode: the memory tags ("weights", "kv_cache") currently released
 
         self.model_dir = Path(work_dir) / "vllm_init_model"
         model = nnx.merge(graphdef, params)
@@ -224,20 +221,25 @@ class VllmEngine:
         log.info("started %s in %.1f s", self.engine_name, time.perf_counter() - t0)
 
     # ------------------------------------------------------------------ weights
-    def update_weights(self, params: nnx.State) -> None:
-        """Load ``params`` into vLLM (all workers), then drop the prefix cache.
+    def update_weights(self, params) -> None:
+        """Load new weights into vLLM (all workers), then drop the prefix cache.
 
         Args:
-          params: a state with exactly the leaves (paths, shapes, dtypes) of the initial one.
+          params: either the policy's ``nnx.State`` with exactly the leaves (paths, shapes, dtypes) of the initial
+            one - translated here by :meth:`hf_translator` - or the ``{hf_name: array}`` mapping a
+            ``sharding.Translator`` with an ``"hf"`` target produced (what the trainer passes; jax or numpy arrays).
         Raises:
           WeightSyncError (the message names the sync number and the engine), in three kinds:
-            * the tree or a leaf shape/dtype differs: nothing is sent, the engine keeps its previous weights;
+            * the tree / names or a shape/dtype differs: nothing is sent, the engine keeps its previous weights;
             * the sync took longer than ``sync_timeout_s``: it goes on in the background; :meth:`generate`
               refuses to run until a later sync succeeds (which first waits for the late one);
             * vLLM failed while loading: its in-place reload cannot be rolled back, so the engine is unusable
               from then on (every later call raises; restart the run).
         """
         sync = self.num_syncs + 1
+        if isinstance(params, Mapping):
+            self._run_sync(sync, lambda: dict(params))
+            return
         sig = _leaf_signature(params)
         missing, extra = sorted(set(self._signature) - set(sig)), sorted(set(sig) - set(self._signature))
         diffs = [f"{p}: expected {self._signature[p]}, got {sig[p]}" for p in sorted(sig) if p in self._signature
@@ -248,15 +250,13 @@ class VllmEngine:
                 f"(missing {missing[:5]}, unexpected {extra[:5]}, shape/dtype (shape, dtype) mismatches {diffs[:5]}); "
                 "the engine keeps its previous weights"
             )
-        from jaxrl.models.hf import to_hf_tensors
+        translator = self.hf_translator(params)
+        self._run_sync(sync, lambda: translator.sync(params)[0])
 
-        def convert():
-            return to_hf_tensors(nnx.merge(self._graphdef, params))
-
-        self._run_sync(sync, convert)
-
-    def load_hf_weights(self, tensors: dict[str, np.ndarray]) -> None:
+    def load_hf_weights(self, tensors: Mapping[str, "np.ndarray | jax.Array"]) -> None:
         """Load a complete set of HF-named ``[out, in]`` tensors (``to_hf_tensors`` naming) under the sync timeout.
+
+        Same as :meth:`update_weights` with a mapping.
 
         Args:
           tensors: ``{hf_name: array}`` with exactly the names and shapes of the initial checkpoint.
@@ -264,7 +264,36 @@ class VllmEngine:
           WeightSyncError: a name is missing/unknown or a shape differs (nothing is sent; the engine keeps its
             weights), vLLM failed while loading (the engine is then unusable), or the sync timed out.
         """
-        self._run_sync(self.num_syncs + 1, lambda: tensors)
+        self._run_sync(self.num_syncs + 1, lambda: dict(tensors))
+
+    def hf_translator(self, params):
+        """The ``sharding.Translator`` from ``params``' layout to HF checkpoint tensors on the engine's device.
+
+        Built once per source layout (the trainer builds its own from the train mesh; this one serves direct
+        :meth:`update_weights` calls with an ``nnx.State``). Target device: ``jax.devices()[0]`` - on GPU the
+        device vLLM's rank 0 uses in a colocated run, so :meth:`_as_torch` hands the tensors over by DLPack.
+        """
+        from sharding import ModelInfo, TargetSpec, Translator, build_plan
+
+        key = tuple(str(getattr(leaf, "sharding", None)) for leaf in jax.tree.leaves(params))
+        if self._translator is None or self._translator[0] != key:
+            plan = build_plan(params, TargetSpec("hf", devices=[jax.devices()[0]]), ModelInfo.from_config(self.model_cfg))
+            self._translator = (key, Translator(plan))
+        return self._translator[1]
+
+    @staticmethod
+    def _as_torch(a):
+        """A torch tensor over ``a``'s memory: DLPack for jax arrays (no copy, same device: CPU memory on CPU,
+        the GPU buffer on GPU - no host round trip), ``torch.from_numpy`` for numpy arrays (copied if read-only)."""
+        import torch
+
+        if isinstance(a, jax.Array):
+            try:
+                return torch.from_dlpack(a)
+            except (RuntimeError, TypeError, BufferError):  # e.g. a dtype DLPack cannot express: host copy
+                a = np.asarray(a)
+        arr = np.asarray(a)
+        return torch.from_numpy(arr if arr.flags.writeable else arr.copy())
 
     def _check_hf(self, where: str, tensors: dict) -> None:
         missing = sorted(set(self._hf_shapes) - set(tensors))
@@ -300,10 +329,9 @@ class VllmEngine:
                 t0 = time.perf_counter()
                 tensors = make_tensors()
                 self._check_hf(where, tensors)
-                weights = [(name, torch.from_numpy(np.array(a, copy=True))) for name, a in tensors.items()]
+                weights = [(name, self._as_torch(a)) for name, a in tensors.items()]
                 result["sent"] = True  # from here on a failure leaves vLLM's layers half-reloaded
-                if self._asleep:
-                    self.llm.wake_up(tags=["weights"])
+                self._wake(["weights"])  # sleep mode: weights back on the GPU; the KV cache stays released
                 # Worker.reload_weights (vllm/v1/worker/gpu_worker.py; the CPU worker inherits it) runs
                 # model.load_weights on checkpoint-format tensors between vLLM's layerwise-reload hooks, which
                 # redo process_weights_after_loading (e.g. the CPU GEMM weight repacking). A bare
@@ -344,6 +372,13 @@ class VllmEngine:
         if result and "error" in result and result.get("sent"):
             e = result["error"]
             self._dead = f"{result['where']} failed inside vLLM ({type(e).__name__}: {e}) and left its weights half-loaded"
+
+    def _wake(self, tags: list[str]) -> None:
+        """Sleep mode: re-allocate the released memory of ``tags`` (vLLM ``LLM.wake_up(tags=...)``)."""
+        todo = [t for t in tags if t in self._asleep]
+        if todo:
+            self.llm.wake_up(tags=todo)
+            self._asleep -= set(todo)
 
     # ------------------------------------------------------------------ generation
     def _prompt_width(self, longest: int) -> int:
@@ -405,13 +440,11 @@ class VllmEngine:
                     max_tokens=r, stop_token_ids=stops, ignore_eos=params.ignore_eos, logprobs=0, detokenize=False,
                     seed=seeds[i * n + j],
                 ))
-        if self._asleep:
-            self.llm.wake_up()
-            self._asleep = False
+        self._wake(["weights", "kv_cache"])
         outs = self.llm.generate(requests, sps, use_tqdm=False)
-        if self._sleep:
+        if self._sleep:  # free the KV cache (level 1 also offloads weights to host) for the trainer's update
             self.llm.sleep(level=1)
-            self._asleep = True
+            self._asleep = {"weights", "kv_cache"}
 
         prompt_ids = np.full((rows, width), self.pad_token_id, np.int32)
         prompt_mask = np.zeros((rows, width), np.int32)

@@ -185,6 +185,25 @@ def build_translator(params: Any, placement: Placement) -> Translator:
     return Translator(build_plan(params, target))
 
 
+def build_hf_translator(params: Any, model_cfg, *, host: bool = False) -> Translator:
+    """The train -> vLLM weight translator: an ``"hf"`` target plan (whole Hugging Face checkpoint tensors).
+
+    Args:
+      params: the actor's ``nnx.State`` as placed for training (any mesh, or one device).
+      model_cfg: the policy's :class:`jaxrl.models.ModelConfig` (head counts, tied embeddings).
+      host: True = land the tensors on the host CPU device (vLLM in another process reads them from host memory);
+        False = on ``jax.devices()[0]``, the device an in-process vLLM's rank 0 uses in a colocated run, handed over
+        by DLPack without a copy.
+
+    Raises:
+      ValueError: an empty or incomplete plan (:func:`sharding.translator.validate_plan`).
+    """
+    from sharding import ModelInfo
+
+    device = jax.devices("cpu")[0] if host else jax.devices()[0]
+    return Translator(build_plan(params, TargetSpec("hf", devices=[device]), ModelInfo.from_config(model_cfg)))
+
+
 def _device_error(what: str, n_needed: int | None, err: Exception | str) -> ConfigError:
     hint = _XLA_HINT.format(n=n_needed) if n_needed else _XLA_HINT.format(n="N")
     return ConfigError(f"{what} does not fit the devices: {err} (jax.device_count()={jax.device_count()}, "

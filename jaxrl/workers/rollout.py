@@ -59,7 +59,7 @@ class MeshJaxSampler(JaxSampler):
         return tuple(jax.device_put(a, sharding) for a in arrays)
 
 
-def make_rollout_engine(cfg, model_cfg, graphdef, params, tokenizer, *, mesh: Mesh | None = None):
+def make_rollout_engine(cfg, model_cfg, graphdef, params, tokenizer, *, mesh: Mesh | None = None, placement=None):
     """Build the rollout engine for a run.
 
     Args:
@@ -69,6 +69,9 @@ def make_rollout_engine(cfg, model_cfg, graphdef, params, tokenizer, *, mesh: Me
         translated onto it).
       tokenizer: supplies the pad id (falls back to the model's eos).
       mesh: the rollout mesh (:attr:`jaxrl.workers.placement.Placement.rollout_mesh`), or None for one device.
+      placement: vLLM only: the run's :class:`~jaxrl.workers.placement.Placement` (or None). ``"split"`` starts
+        vLLM as a separate worker process (:class:`~jaxrl.rollout.vllm_worker.VllmWorkerEngine`; on GPU its
+        ``CUDA_VISIBLE_DEVICES`` are the rollout devices' ids); otherwise vLLM runs in the trainer's process.
 
     Raises:
       ValueError: ``rollout.name`` is not an engine this installation provides (names the valid ones).
@@ -86,6 +89,7 @@ def make_rollout_engine(cfg, model_cfg, graphdef, params, tokenizer, *, mesh: Me
     if rc.name == "vllm":  # vLLM places its own weights/KV cache (tensor_model_parallel_size); ``mesh`` is unused
         try:
             import vllm  # noqa: F401  (fail here, with the install hint, rather than inside the engine)
+            from vllm.platforms import current_platform
         except ImportError as e:  # vllm missing or broken in this environment
             raise ValueError(
                 f"actor_rollout_ref.rollout.name='vllm' needs vLLM in this environment ({e}); install it with "
@@ -93,13 +97,24 @@ def make_rollout_engine(cfg, model_cfg, graphdef, params, tokenizer, *, mesh: Me
             ) from e
         from pathlib import Path
 
-        from jaxrl.rollout.vllm_engine import VllmEngine
-
-        return VllmEngine(
-            model_cfg, graphdef, params, tokenizer, rollout_cfg=rc, max_prompt_length=cfg.data.max_prompt_length,
+        kwargs = dict(
+            rollout_cfg=rc, max_prompt_length=cfg.data.max_prompt_length,
             max_response_length=rc.max_new_tokens or cfg.data.max_response_length,
             work_dir=Path(cfg.trainer.default_local_dir), sync_timeout_s=rc.update_weights_timeout_s,
+            # sleep/wake exists on CUDA only; elsewhere free_cache_engine means "reset the prefix cache" (always done)
+            enable_sleep_mode=bool(rc.free_cache_engine) and current_platform.is_cuda(),
         )
+        if placement is not None and placement.kind == "split":
+            from jaxrl.rollout.vllm_worker import VllmWorkerEngine
+
+            env = {}
+            devices = list(placement.rollout_mesh.devices.flat)
+            if devices and devices[0].platform == "gpu":  # the worker's GPUs: the rollout devices, not the trainer's
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d.id) for d in devices)
+            return VllmWorkerEngine(model_cfg, graphdef, params, tokenizer, env=env, **kwargs)
+        from jaxrl.rollout.vllm_engine import VllmEngine
+
+        return VllmEngine(model_cfg, graphdef, params, tokenizer, **kwargs)
     if rc.name in PLANNED:
         raise ValueError(
             f"actor_rollout_ref.rollout.name={rc.name!r}: {PLANNED[rc.name]} is not part of this release yet; "

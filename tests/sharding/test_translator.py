@@ -229,6 +229,25 @@ def _shard_bytes(arrays) -> int:
     return sum(s.data.nbytes for a in arrays for s in a.addressable_shards)
 
 
+# ----------------------------------------------------------------------------------------------- hf target
+@pytest.mark.parametrize("devices", [[0], [7], [6, 7]])
+def test_sync_hf_target_equals_hf_export(model, devices):
+    """From the sharded train layout to whole HF-named tensors on the engine's device(s): names, shapes, dtypes
+    and values equal ``to_hf_tensors``' export (the checkpoint format vLLM's weight loaders read)."""
+    cfg, hf, state = model
+    devs = [jax.devices()[i] for i in devices]
+    plan = build_plan(state, TargetSpec("hf", devices=devs), ModelInfo.from_config(cfg))
+    out, report = Translator(plan).sync(state)
+    assert sorted(out) == sorted(hf)
+    for name, arr in out.items():
+        assert arr.shape == hf[name].shape and arr.dtype == hf[name].dtype, name
+        np.testing.assert_array_equal(np.asarray(arr), hf[name], err_msg=name)
+        assert arr.sharding.is_fully_replicated and {d.id for d in arr.sharding.device_set} == set(devices), name
+    # the train layout spreads every tensor over 8 devices, so each target device receives nearly every byte
+    total = sum(a.nbytes for a in hf.values()) * len(devices)
+    assert 0 < report.bytes_moved <= total and report.num_tensors == len(hf)
+
+
 # ----------------------------------------------------------------------------------------------- jax target
 @pytest.mark.parametrize("placement", ["colocated", "split"])
 def test_sync_jax_target_values_and_shardings(placement, train_mesh):

@@ -1,0 +1,723 @@
+"""vLLM as a separate worker process, for ``trainer.placement=split``.
+
+Why a separate process
+  With split placement the trainer (JAX) and the rollout engine (vLLM, torch) run on *different* devices. One
+  process cannot give JAX some GPUs and torch others reliably (both read ``CUDA_VISIBLE_DEVICES`` once, at
+  start-up, and JAX by default grabs every visible accelerator), and a crash or hang inside vLLM should not take
+  the trainer's state with it. :class:`VllmWorkerEngine` therefore starts vLLM in a child process
+  (``multiprocessing`` *spawn*, so nothing of the trainer's JAX/CUDA state is inherited) with its own
+  environment: ``JAX_PLATFORMS=cpu`` (the child's JAX is only used to rebuild the model on the host and never
+  touches an accelerator), ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (vLLM's engine core runs inside the child), plus
+  the caller's ``env`` -- on a GPU box pass ``CUDA_VISIBLE_DEVICES`` = the rollout GPUs there. Inside the child a
+  plain :class:`~jaxrl.rollout.vllm_engine.VllmEngine` does the work; the parent forwards requests over a
+  ``multiprocessing.Pipe``. Spawn re-imports the parent's ``__main__`` module in the child, so the trainer's
+  entry point must be import-safe (``if __name__ == "__main__":``), as for any spawn-based multiprocessing.
+
+Data path
+  * start: the parent writes the initial params as a Hugging Face directory (:func:`jaxrl.models.hf.save_hf`,
+    ``<work_dir>/vllm_worker_init_model``); the child rebuilds the :class:`~jaxrl.models.decoder.Decoder` from
+    it with the parent's exact :class:`ModelConfig` (``load_hf_dir`` + ``from_hf_tensors``; ``load_pretrained``
+    would re-derive the config from ``config.json``, which need not round-trip every field), and starts
+    ``VllmEngine`` (which writes its own copy under ``work_dir``). The parent deletes its copy once the child is
+    ready.
+  * weight sync: one host ``multiprocessing.shared_memory.SharedMemory`` block, sized for the complete set of
+    HF tensors (names, offsets, shapes and dtypes fixed at start from the initial checkpoint), allocated once and
+    reused by every sync. The parent converts the params to HF tensors, validates them, copies them into the
+    block and sends a small ``load`` message; the child copies them out and calls
+    ``VllmEngine.load_hf_weights``. On GPUs this is a **host round trip** (trainer device -> host -> shared
+    memory -> host -> vLLM device), i.e. roughly two model-sized host copies plus two PCIe transfers per sync;
+    there is no device-to-device path (NCCL) here.
+  * generate: prompts and :class:`SamplingParams` go through the pipe, the padded numpy arrays of
+    :class:`RolloutOutput` come back (pickled; small next to the weights).
+
+Failure modes
+  * start-up failure in the child (bad config, vLLM error, out of memory): the constructor raises
+    :class:`VllmWorkerError` with the child's exception type, text and traceback tail; a child that dies
+    without a word is reported with its exit code; no reply within ``start_timeout_s`` kills the child.
+  * bad weights (missing/unknown name, wrong shape, non-float dtype, different ``nnx.State`` tree):
+    :class:`WeightSyncError` raised in the parent before anything is written or sent; the worker keeps its
+    weights and keeps serving.
+  * sync timeout (the whole sync -- conversion, copy into shared memory, the child's load -- exceeds
+    ``sync_timeout_s``): :class:`WeightSyncError` naming ``actor_rollout_ref.rollout.update_weights_timeout_s``.
+    The child is *not* killed: it finishes the load in the background. :meth:`~VllmWorkerEngine.generate` is
+    refused until a later sync succeeds; that later sync first waits (up to ``sync_timeout_s`` again) for the
+    late one, since both use the same shared-memory block. Any other sync failure reported by the child also
+    makes generate refuse until a sync succeeds.
+  * the child dies (killed, segfault, OOM killer): the next call raises (:class:`VllmWorkerError` from
+    ``generate``, :class:`WeightSyncError` from a sync) naming the exit code; the engine is dead from then on.
+  * parent exit or garbage collection: the child is shut down (``shutdown`` message, then terminate/kill) and
+    the shared memory is unlinked (``weakref.finalize`` and an ``atexit`` hook). The child also exits when the
+    parent's end of the pipe closes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import shutil
+import signal
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Mapping
+from multiprocessing.shared_memory import SharedMemory
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from jaxrl.models.config import ModelConfig
+from jaxrl.rollout.base import RolloutOutput, SamplingParams, check_prompts
+from jaxrl.rollout.vllm_engine import WeightSyncError
+
+__all__ = ["VllmWorkerEngine", "VllmWorkerError", "WeightSyncError"]
+
+log = logging.getLogger(__name__)
+
+_TIMEOUT_KEY = "actor_rollout_ref.rollout.update_weights_timeout_s"
+_ALIGN = 64  # byte alignment of every tensor in the shared-memory block
+_POLL_S = 0.5  # how often a waiting parent checks that the child is still alive
+_SHUTDOWN_GRACE_S = 30.0  # after the shutdown message, before terminate()
+_ENV_LOCK = threading.Lock()  # os.environ is swapped around Process.start(); one start at a time
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+_ATEXIT_REGISTERED = False
+_ST_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+
+
+class VllmWorkerError(RuntimeError):
+    """The vLLM worker process failed to start, died, was shut down, or raised an unexpected error."""
+
+
+class _WorkerDied(Exception):
+    """Internal: the child is gone; the message says how (exit code)."""
+
+
+def _cfg_get(section, key: str, default):
+    if section is None:
+        return default
+    try:
+        value = section[key] if isinstance(section, Mapping) else getattr(section, key)
+    except (AttributeError, KeyError):
+        return default
+    return default if value is None else value
+
+
+def _plain_cfg(section):
+    """``rollout_cfg`` in a form that pickles into the child (OmegaConf sections become plain dicts)."""
+    if section is None:
+        return None
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(section, DictConfig):
+            section = OmegaConf.to_container(section, resolve=True)
+    except ImportError:
+        pass
+    try:
+        pickle.dumps(section)
+    except Exception as e:  # noqa: BLE001 - reported as a clear ValueError
+        raise ValueError(f"rollout_cfg of type {type(section).__name__} cannot be sent to the vLLM worker process "
+                         f"({type(e).__name__}: {e}); pass a dict, a dataclass or an OmegaConf section") from e
+    return section
+
+
+def _np_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def _is_float(dt: np.dtype) -> bool:
+    return dt.kind == "f" or dt.name in ("bfloat16",)
+
+
+def _leaf_signature(params) -> dict[str, tuple[tuple[int, ...], str]]:
+    import jax
+
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    return {
+        jax.tree_util.keystr(p): (tuple(np.shape(x)), str(getattr(x, "dtype", None) or np.asarray(x).dtype))
+        for p, x in leaves
+    }
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "is unreachable (its pipe closed) but still running"
+    if code < 0:
+        try:
+            return f"exited with code {code} (killed by signal {signal.Signals(-code).name})"
+        except ValueError:
+            return f"exited with code {code} (killed by signal {-code})"
+    return f"exited with code {code}"
+
+
+def _error_payload(e: BaseException) -> tuple[str, str, str]:
+    return type(e).__name__, str(e), "".join(traceback.format_exception(type(e), e, e.__traceback__))[-4000:]
+
+
+# ---------------------------------------------------------------------------------------------- the child
+def _worker_main(conn: multiprocessing.connection.Connection, spec: dict) -> None:
+    """Entry point of the child process: build a ``VllmEngine`` and serve requests until told to stop.
+
+    Protocol (tuples over ``conn``): parent -> child ``(seq, kind, payload)`` with kind ``"generate"``
+    (payload ``(prompts, SamplingParams, rng_seed)``), ``"load"`` (payload: the sync number; tensors are in the
+    shared block) or ``"shutdown"``; child -> parent ``(seq, "ok", result)`` or ``(seq, "error", (type name,
+    message, traceback))``. Start-up answers with seq 0: ``"ready"`` (engine facts) or ``"error"``.
+    """
+    engine = shm = None
+    views: list[tuple[str, np.ndarray]] = []
+    try:
+        try:
+            from flax import nnx
+
+            from jaxrl.models import parse_dtype
+            from jaxrl.models.hf import from_hf_tensors, load_hf_dir
+            from jaxrl.rollout.vllm_engine import VllmEngine
+
+            _, tensors = load_hf_dir(spec["model_dir"])
+            model = from_hf_tensors(spec["model_cfg"], tensors, param_dtype=parse_dtype(spec["param_dtype"]),
+                                    dtype=parse_dtype(spec["dtype"]))
+            del tensors
+            graphdef, state = nnx.split(model)
+            del model
+            pad = spec["pad_token_id"]
+            engine = VllmEngine(
+                spec["model_cfg"], graphdef, state, None if pad is None else SimpleNamespace(pad_token_id=pad),
+                rollout_cfg=spec["rollout_cfg"], max_prompt_length=spec["max_prompt_length"],
+                max_response_length=spec["max_response_length"], work_dir=spec["work_dir"],
+                sync_timeout_s=spec["sync_timeout_s"], **spec["engine_kwargs"],
+            )
+            del state
+            shm = SharedMemory(name=spec["shm_name"])
+            views = [(name, np.ndarray(shape, _np_dtype(dt), buffer=shm.buf, offset=off))
+                     for name, off, shape, dt in spec["layout"]]
+            conn.send((0, "ready", {"pad_token_id": int(engine.pad_token_id),
+                                    "eos_token_ids": tuple(int(e) for e in engine.eos_token_ids),
+                                    "engine_name": str(engine.engine_name), "pid": os.getpid()}))
+        except Exception as e:  # noqa: BLE001 - sent to the parent, which raises it
+            conn.send((0, "error", _error_payload(e)))
+            return
+        while True:
+            try:
+                seq, kind, payload = conn.recv()
+            except (EOFError, OSError):  # the parent is gone
+                return
+            try:
+                if kind == "generate":
+                    prompts, params, seed = payload
+                    result: Any = engine.generate(prompts, params, rng_seed=seed)
+                elif kind == "load":
+                    # Copy out first: the parent may overwrite the block as soon as this request is answered,
+                    # even if vLLM's own (timed-out) load is still reading in a background thread.
+                    engine.load_hf_weights({name: np.array(v, copy=True) for name, v in views})
+                    result = None
+                elif kind == "shutdown":
+                    engine.shutdown()
+                    engine = None
+                    conn.send((seq, "ok", None))
+                    return
+                else:
+                    raise ValueError(f"unknown request kind {kind!r}; expected 'generate', 'load' or 'shutdown'")
+                conn.send((seq, "ok", result))
+            except Exception as e:  # noqa: BLE001 - sent to the parent, which raises it
+                conn.send((seq, "error", _error_payload(e)))
+    finally:
+        views.clear()
+        if engine is not None:
+            try:
+                engine.shutdown()
+            except Exception:  # noqa: BLE001 - exiting anyway
+                log.exception("vLLM worker: engine shutdown failed")
+        if shm is not None:
+            try:
+                shm.close()
+            except BufferError:
+                pass
+        conn.close()
+
+
+# --------------------------------------------------------------------------------------------- the parent
+def _release(res: SimpleNamespace, grace_s: float) -> None:
+    """Stop the child (shutdown message, join, terminate, kill), close the pipe, unlink the shared memory and
+    remove the start-up model directory if it is still there. ``res`` holds ``proc``, ``conn``, ``shm``,
+    ``model_dir`` (each may be None)."""
+    proc, conn, shm = res.proc, res.conn, res.shm
+    try:
+        if proc is not None and proc.is_alive():
+            try:
+                conn.send((-1, "shutdown", None))
+            except (OSError, ValueError, AttributeError):
+                pass
+            proc.join(grace_s)
+            if proc.is_alive():
+                log.warning("vLLM worker pid %s did not exit within %.0f s; terminating it", proc.pid, grace_s)
+                proc.terminate()
+                proc.join(5.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5.0)
+        elif proc is not None and proc.pid is not None:
+            proc.join(0)  # reap
+    finally:
+        if conn is not None:
+            conn.close()
+        if shm is not None:
+            try:
+                shm.close()
+            except BufferError:  # numpy views still alive (interpreter exit); the mapping dies with the process
+                pass
+            try:
+                shm.unlink()
+            except FileNotFoundError:
+                pass
+        if res.model_dir is not None:
+            shutil.rmtree(res.model_dir, ignore_errors=True)
+
+
+def _shutdown_all() -> None:
+    for engine in list(_LIVE):
+        try:
+            engine.shutdown()
+        except Exception:  # noqa: BLE001 - interpreter exit
+            log.exception("shutting down a vLLM worker at exit failed")
+
+
+class VllmWorkerEngine:
+    """A :class:`~jaxrl.rollout.RolloutEngine` whose vLLM runs in a separate worker process (see module doc).
+
+    Args:
+      model_cfg, graphdef, params, tokenizer, rollout_cfg, max_prompt_length, max_response_length, work_dir,
+        sync_timeout_s: as for :class:`~jaxrl.rollout.vllm_engine.VllmEngine` (the child builds one with them;
+        ``tokenizer`` only supplies ``pad_token_id``; ``rollout_cfg`` must pickle -- OmegaConf sections are
+        converted to dicts). ``sync_timeout_s`` (else ``rollout_cfg.update_weights_timeout_s``, else 600 s) bounds
+        each whole sync as seen from the parent; the attribute may be changed later. The child's engine gets
+        the initial value as its own backstop.
+      env: extra environment variables for the child (``str -> str``), applied after
+        ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and ``JAX_PLATFORMS=cpu`` (so they can override them); e.g.
+        ``{"CUDA_VISIBLE_DEVICES": "4,5,6,7"}``. The parent's own environment is restored right after start.
+      start_timeout_s: seconds the child may take to load the model and start vLLM (> 0).
+      **engine_kwargs: further ``VllmEngine`` keyword arguments (``prompt_length_bucket``,
+        ``enable_prefix_caching``, ``enable_sleep_mode``, ``dtype``, ``llm_kwargs``), forwarded unchanged.
+
+    Attributes:
+      pad_token_id, eos_token_ids, engine_name: as reported by the child's engine.
+      num_syncs: successful weight syncs. last_sync_bytes: bytes copied into shared memory by the last sync
+        that was sent to the child (0 before any). pid: the child's process id. shm_name: the block's name.
+
+    Raises:
+      ValueError: a bad argument (named).
+      VllmWorkerError: the child failed to start (its exception text included), died during start-up (exit
+        code), or was not ready within ``start_timeout_s``.
+    """
+
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        graphdef,
+        params,
+        tokenizer=None,
+        *,
+        rollout_cfg=None,
+        max_prompt_length: int,
+        max_response_length: int,
+        work_dir: str | os.PathLike,
+        sync_timeout_s: float | None = None,
+        env: dict[str, str] | None = None,
+        start_timeout_s: float = 900.0,
+        **engine_kwargs,
+    ) -> None:
+        for name, v in (("max_prompt_length", max_prompt_length), ("max_response_length", max_response_length)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name}={v!r} must be an int >= 1")
+        timeout = (sync_timeout_s if sync_timeout_s is not None
+                   else _cfg_get(rollout_cfg, "update_weights_timeout_s", 600.0))
+        if (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+                or not (timeout > 0 and math.isfinite(timeout))):
+            raise ValueError(f"sync timeout {timeout!r} must be a finite number of seconds > 0 ({_TIMEOUT_KEY})")
+        if (not isinstance(start_timeout_s, (int, float)) or isinstance(start_timeout_s, bool)
+                or not (start_timeout_s > 0 and math.isfinite(start_timeout_s))):
+            raise ValueError(f"start_timeout_s={start_timeout_s!r} must be a finite number of seconds > 0")
+        env = dict(env or {})
+        bad_env = [(k, v) for k, v in env.items() if not isinstance(k, str) or not isinstance(v, str) or not k]
+        if bad_env:
+            raise ValueError(f"env must map non-empty str names to str values; bad entries {bad_env[:5]}")
+        rollout_cfg = _plain_cfg(rollout_cfg)
+        try:
+            pickle.dumps(engine_kwargs)
+        except Exception as e:  # noqa: BLE001
+            raise ValueError(f"engine_kwargs {sorted(engine_kwargs)} cannot be sent to the worker process: {e}") from e
+
+        import jax.numpy as jnp
+        from flax import nnx
+        from safetensors import safe_open
+
+        from jaxrl.models.hf import save_hf
+
+        self.model_cfg = model_cfg
+        self.max_prompt_length = max_prompt_length
+        self.max_response_length = max_response_length
+        self.sync_timeout_s = float(timeout)
+        self.num_syncs = 0
+        self.last_sync_bytes = 0
+        self._graphdef = graphdef
+        self._signature = _leaf_signature(params)
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._late: set[int] = set()  # requests whose replies we stopped waiting for (timed-out syncs)
+        self._pending: str | None = None  # the last sync did not succeed: generate() refuses
+        self._dead: str | None = None  # the child is gone
+        self._closed = False
+        self._proc = self._conn = None
+        self.pid: int | None = None
+        self.engine_name = "vllm worker (starting)"
+
+        work = Path(work_dir)
+        init_dir = work / "vllm_worker_init_model"
+        model = nnx.merge(graphdef, params)
+        save_hf(model, model_cfg, init_dir)
+        param_dtype, compute_dtype = jnp.dtype(model.param_dtype).name, jnp.dtype(model.dtype).name
+        del model
+        layout, offset = [], 0
+        with safe_open(str(init_dir / "model.safetensors"), framework="np") as f:
+            for name in f.keys():
+                sl = f.get_slice(name)
+                st = sl.get_dtype()
+                if st not in _ST_DTYPES:
+                    raise ValueError(f"tensor {name} has dtype {st}; the worker's weight block supports "
+                                     f"{sorted(_ST_DTYPES)}")
+                shape, dt = tuple(int(s) for s in sl.get_shape()), _ST_DTYPES[st]
+                layout.append((name, offset, shape, dt))
+                nbytes = int(np.prod(shape, dtype=np.int64)) * _np_dtype(dt).itemsize
+                offset += -(-nbytes // _ALIGN) * _ALIGN
+        self._layout = layout
+        self._block_bytes = max(offset, 1)
+        shm = SharedMemory(create=True, size=self._block_bytes)
+        self.shm_name = shm.name
+        # Everything the cleanup needs, without a reference to self (so that garbage collection can run it).
+        self._res = SimpleNamespace(proc=None, conn=None, shm=shm, model_dir=init_dir)
+        self._finalizer = weakref.finalize(self, _release, self._res, _SHUTDOWN_GRACE_S)
+        self._views = {name: np.ndarray(shape, _np_dtype(dt), buffer=shm.buf, offset=off)
+                       for name, off, shape, dt in layout}
+
+        ctx = multiprocessing.get_context("spawn")
+        parent_conn, child_conn = ctx.Pipe(duplex=True)
+        pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
+        spec = dict(
+            model_dir=str(init_dir), model_cfg=model_cfg, param_dtype=param_dtype, dtype=compute_dtype,
+            pad_token_id=None if pad is None else int(pad), rollout_cfg=rollout_cfg,
+            max_prompt_length=max_prompt_length, max_response_length=max_response_length, work_dir=str(work),
+            sync_timeout_s=self.sync_timeout_s, engine_kwargs=engine_kwargs, shm_name=shm.name, layout=layout,
+        )
+        proc = ctx.Process(target=_worker_main, args=(child_conn, spec), name="jaxrl-vllm-worker", daemon=False)
+        child_env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "JAX_PLATFORMS": "cpu", **env}
+        with _ENV_LOCK:  # spawn's child inherits os.environ as it is during start()
+            saved = {k: os.environ.get(k) for k in child_env}
+            os.environ.update(child_env)
+            try:
+                proc.start()
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+        child_conn.close()  # so that the child's death shows up as EOF here
+        self._proc, self._conn, self.pid = proc, parent_conn, proc.pid
+        self._res.proc, self._res.conn = proc, parent_conn
+        global _ATEXIT_REGISTERED
+        if not _ATEXIT_REGISTERED:  # registered after multiprocessing's own hook, so it runs before its join
+            atexit.register(_shutdown_all)
+            _ATEXIT_REGISTERED = True
+        _LIVE.add(self)
+
+        t0 = time.monotonic()
+        try:
+            reply = self._next_reply(t0 + float(start_timeout_s))
+        except _WorkerDied as e:
+            self._abort_start()
+            raise VllmWorkerError(f"the vLLM worker process (pid {proc.pid}) died while starting: {e}") from None
+        if reply is None:
+            self._abort_start()
+            raise VllmWorkerError(f"the vLLM worker process (pid {proc.pid}) was not ready within "
+                                  f"start_timeout_s={start_timeout_s:g} s; it was killed")
+        _, status, payload = reply
+        if status != "ready":
+            self._abort_start()
+            kind, msg, tb = payload
+            raise VllmWorkerError(f"the vLLM worker process (pid {proc.pid}) failed to start: {kind}: {msg}\n"
+                                  f"--- worker traceback ---\n{tb}")
+        shutil.rmtree(init_dir, ignore_errors=True)  # the child's engine wrote its own copy
+        self._res.model_dir = None
+        self.pad_token_id = int(payload["pad_token_id"])
+        self.eos_token_ids = tuple(payload["eos_token_ids"])
+        self.engine_name = f"vllm worker pid {proc.pid}: {payload['engine_name']}"
+        log.info("started %s in %.1f s (weight block %.1f MiB)", self.engine_name, time.monotonic() - t0,
+                 self._block_bytes / 2**20)
+
+    # ------------------------------------------------------------------ plumbing
+    def _abort_start(self) -> None:
+        self._closed = True
+        self._views = {}
+        self._finalizer()
+
+    def _mark_dead(self) -> str:
+        proc = self._proc
+        proc.join(5.0)
+        self._dead = f"the vLLM worker process (pid {proc.pid}) {_describe_exit(proc.exitcode)}"
+        return self._dead
+
+    def _next_reply(self, deadline: float | None):
+        """The next message from the child, ``None`` once ``deadline`` (monotonic s) passed; ``_WorkerDied``."""
+        while True:
+            wait = _POLL_S if deadline is None else min(_POLL_S, deadline - time.monotonic())
+            try:
+                if self._conn.poll(max(wait, 0.0)):
+                    return self._conn.recv()
+            except (EOFError, OSError):
+                raise _WorkerDied(self._mark_dead()) from None
+            if not self._proc.is_alive():
+                try:  # it may have answered just before exiting
+                    if self._conn.poll(0):
+                        return self._conn.recv()
+                except (EOFError, OSError):
+                    pass
+                raise _WorkerDied(self._mark_dead())
+            if deadline is not None and wait <= 0:
+                return None
+
+    def _reply_to(self, seq: int, deadline: float | None):
+        """Wait for the reply to request ``seq``, discarding late replies to timed-out requests."""
+        while True:
+            reply = self._next_reply(deadline)
+            if reply is None:
+                return None
+            if reply[0] == seq:
+                return reply
+            self._absorb_late(reply)
+
+    def _absorb_late(self, reply) -> None:
+        seq, status, payload = reply
+        if seq not in self._late:
+            raise VllmWorkerError(f"protocol error: unexpected reply #{seq} ({status}) from {self.engine_name}")
+        self._late.discard(seq)
+        if status == "error":
+            log.warning("%s: a timed-out request (#%s) finally failed: %s: %s", self.engine_name, seq, *payload[:2])
+        else:
+            log.info("%s: a timed-out request (#%s) finished late", self.engine_name, seq)
+
+    def _drain_late(self, deadline: float) -> bool:
+        """Wait until every late reply arrived; False if some are still outstanding at ``deadline``."""
+        while self._late:
+            reply = self._next_reply(deadline)
+            if reply is None:
+                return False
+            self._absorb_late(reply)
+        return True
+
+    def _send(self, kind: str, payload) -> int:
+        if not self._proc.is_alive():
+            raise _WorkerDied(self._mark_dead())
+        self._seq += 1
+        try:
+            self._conn.send((self._seq, kind, payload))
+        except (OSError, ValueError):
+            raise _WorkerDied(self._mark_dead()) from None
+        return self._seq
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise VllmWorkerError(f"{self.engine_name} was shut down; it cannot be used any more")
+
+    def _raise_remote(self, payload, prefix: str, sync: bool):
+        kind, msg, tb = payload
+        text = f"{prefix}{kind}: {msg}"
+        if sync or kind == "WeightSyncError":
+            raise WeightSyncError(text)
+        if kind in ("ValueError", "TypeError"):
+            raise {"ValueError": ValueError, "TypeError": TypeError}[kind](msg)
+        raise VllmWorkerError(f"{text}\n--- worker traceback ---\n{tb}")
+
+    # ------------------------------------------------------------------ weights
+    def update_weights(self, params) -> None:
+        """Load new policy weights into the worker's vLLM through the shared-memory block.
+
+        Args:
+          params: either an ``nnx.State`` with exactly the leaves (paths, shapes, dtypes) of the initial one
+            (converted with ``to_hf_tensors(nnx.merge(graphdef, params))``), or a mapping ``{hf_name: array}``
+            (numpy or jax arrays, e.g. from the sharding translator's HF target) with exactly the initial
+            checkpoint's names and shapes. Floating arrays are cast to the block's dtype (the initial
+            checkpoint's, e.g. float32).
+        Raises:
+          TypeError: ``params`` is neither an ``nnx.State`` nor a mapping.
+          WeightSyncError (the message names the sync number and the engine):
+            * names/shapes/dtype kind differ: nothing is written or sent; the worker keeps its weights;
+            * the sync took longer than ``sync_timeout_s`` (key ``actor_rollout_ref.rollout.update_weights_timeout_s``):
+              the child finishes it in the background; :meth:`generate` refuses until a later sync succeeds;
+              a still-unfinished late sync is waited for (``sync_timeout_s``) before the next one starts;
+            * the child reported a failure (its text included): generate refuses until a sync succeeds;
+            * the worker died (exit code named).
+          VllmWorkerError: the engine was shut down.
+        """
+        with self._lock:
+            sync = self.num_syncs + 1
+            where = f"weight sync #{sync} into {self.engine_name}"
+            self._check_open()
+            if self._dead is not None:
+                raise WeightSyncError(f"{where}: refused, {self._dead}; restart the run")
+            timeout = float(self.sync_timeout_s)
+            try:
+                if not self._drain_late(time.monotonic() + timeout):
+                    raise WeightSyncError(
+                        f"{where}: the previous sync (timed out) is still running in the worker after another "
+                        f"{timeout:g} s ({_TIMEOUT_KEY}); the worker looks stuck, restart the run")
+                t0 = time.monotonic()
+                tensors = self._hf_tensors(params, where)
+                nbytes = 0
+                for name, arr in tensors.items():
+                    view = self._views[name]
+                    np.copyto(view, arr, casting="unsafe")
+                    nbytes += view.nbytes
+                self.last_sync_bytes = nbytes
+                seq = self._send("load", sync)
+                reply = self._reply_to(seq, t0 + timeout)
+            except _WorkerDied as e:
+                raise WeightSyncError(f"{where} failed: {e}; restart the run") from None
+            if reply is None:
+                self._late.add(seq)
+                self._pending = f"{where} timed out"
+                raise WeightSyncError(
+                    f"{where} did not finish within {timeout:g} s ({_TIMEOUT_KEY}); the worker finishes it in the "
+                    "background, generate() is refused until a later sync succeeds")
+            if reply[1] != "ok":
+                self._pending = f"{where} failed in the worker"
+                self._raise_remote(reply[2], f"{where} failed in the worker: ", sync=True)
+            self.num_syncs = sync
+            self._pending = None
+            log.debug("%s: %.1f MiB in %.2f s", where, nbytes / 2**20, time.monotonic() - t0)
+
+    def load_hf_weights(self, tensors: Mapping[str, Any]) -> None:
+        """Same as :meth:`update_weights` with a ``{hf_name: array}`` mapping (``VllmEngine`` parity)."""
+        if not isinstance(tensors, Mapping):
+            raise TypeError(f"tensors must be a mapping {{hf_name: array}}, got {type(tensors).__name__}")
+        self.update_weights(tensors)
+
+    def _hf_tensors(self, params, where: str) -> dict[str, np.ndarray]:
+        """Validate ``params`` and return ``{hf_name: np.ndarray}`` matching the block layout (nothing sent)."""
+        from flax import nnx
+
+        if isinstance(params, nnx.State):
+            sig = _leaf_signature(params)
+            missing = sorted(set(self._signature) - set(sig))
+            extra = sorted(set(sig) - set(self._signature))
+            diffs = [f"{p}: expected {self._signature[p]}, got {sig[p]}" for p in sorted(sig)
+                     if p in self._signature and sig[p] != self._signature[p]]
+            if missing or extra or diffs:
+                raise WeightSyncError(
+                    f"{where}: parameter tree differs from the engine's (missing {missing[:5]}, unexpected "
+                    f"{extra[:5]}, (shape, dtype) mismatches {diffs[:5]}); nothing was sent, the worker keeps its "
+                    "previous weights")
+            from jaxrl.models.hf import to_hf_tensors
+
+            return to_hf_tensors(nnx.merge(self._graphdef, params))
+        if not isinstance(params, Mapping):
+            raise TypeError(f"params must be an nnx.State or a mapping {{hf_name: array}}, got {type(params).__name__}")
+        missing = sorted(set(self._views) - set(params))
+        extra = sorted(str(k) for k in set(params) - set(self._views))
+        wrong, kinds = [], []
+        for name, view in self._views.items():
+            if name not in params:
+                continue
+            a = params[name]
+            shape = tuple(np.shape(a))
+            if shape != view.shape:
+                wrong.append(f"{name}: expected {view.shape}, got {shape}")
+            dt = getattr(a, "dtype", None)
+            dt = np.dtype(dt) if dt is not None else np.asarray(a).dtype
+            if not _is_float(dt):
+                kinds.append(f"{name}: {dt.name} (expected a float dtype; stored as {view.dtype.name})")
+        if missing or extra or wrong or kinds:
+            raise WeightSyncError(
+                f"{where}: the tensors do not match the worker's checkpoint (missing {missing[:5]}, unexpected "
+                f"{extra[:5]}, wrong shapes {wrong[:5]}, wrong dtypes {kinds[:5]}); nothing was sent, the worker "
+                "keeps its previous weights")
+        return {name: np.asarray(params[name]) for name in self._views}
+
+    # ------------------------------------------------------------------ generation
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, *, rng_seed: int | None = None
+    ) -> RolloutOutput:
+        """Sample ``params.n`` responses per token-id prompt in the worker (see ``VllmEngine.generate``).
+
+        Args:
+          prompts: token-id lists of length 0..max_prompt_length (empty = ``[bos_token_id]``); validated here.
+          params: :class:`SamplingParams`; ``max_new_tokens`` <= ``max_response_length``.
+          rng_seed: the step seed (overrides ``params.seed``), an int in [0, 2**32).
+        Returns:
+          :class:`RolloutOutput` of numpy arrays (N = len(prompts) * n rows), exactly as ``VllmEngine`` returns.
+        Raises:
+          TypeError: ``params`` is not a jaxrl :class:`SamplingParams`.
+          ValueError: bad prompts/seed, or ``max_new_tokens`` > ``max_response_length``.
+          WeightSyncError: the last weight sync timed out or failed (weights may be stale), or the worker's engine
+            refused (its text included).
+          VllmWorkerError: the worker died (exit code named), was shut down, or failed unexpectedly.
+        """
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a jaxrl SamplingParams, got {type(params).__name__}")
+        seed = params.seed if rng_seed is None else rng_seed
+        if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not (0 <= int(seed) < 2**32):
+            raise ValueError(f"rng_seed={rng_seed!r} must be an int in [0, 2**32)")
+        if params.max_new_tokens > self.max_response_length:
+            raise ValueError(f"max_new_tokens={params.max_new_tokens} exceeds the engine's max_response_length="
+                             f"{self.max_response_length} (vLLM's max_model_len is max_prompt_length + "
+                             "max_response_length)")
+        prompts = check_prompts(prompts, vocab_size=self.model_cfg.vocab_size,
+                                bos_token_id=self.model_cfg.bos_token_id, max_prompt_length=self.max_prompt_length)
+        with self._lock:
+            self._check_open()
+            if self._dead is not None:
+                raise VllmWorkerError(f"{self._dead}; refusing to generate, restart the run")
+            if self._pending is not None:
+                raise WeightSyncError(f"{self._pending}; refusing to generate with weights that may be stale or "
+                                      "mixed until a weight sync succeeds")
+            try:
+                seq = self._send("generate", (prompts, params, int(seed)))
+                reply = self._reply_to(seq, None)
+            except _WorkerDied as e:
+                raise VllmWorkerError(f"generate on {self.engine_name} failed: {e}; restart the run") from None
+        if reply[1] != "ok":
+            self._raise_remote(reply[2], f"generate on {self.engine_name} failed in the worker: ", sync=False)
+        return reply[2]
+
+    # ------------------------------------------------------------------ lifetime
+    def is_alive(self) -> bool:
+        """Whether the worker process is running (False after :meth:`shutdown` or its death)."""
+        return self._proc is not None and self._proc.is_alive()
+
+    def shutdown(self) -> None:
+        """Stop the worker and free the shared memory; idempotent, also run on garbage collection and at exit.
+
+        Sends ``shutdown`` (the child shuts its vLLM down and exits), waits up to 30 s, then terminates and at
+        last kills the process; closes the pipe and unlinks the shared-memory block. Every later call raises
+        :class:`VllmWorkerError`.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._views = {}  # numpy views must go before the block can be closed
+        _LIVE.discard(self)
+        self._finalizer()
+
+    def __del__(self) -> None:
+        fin = getattr(self, "_finalizer", None)
+        if fin is not None:
+            fin()
