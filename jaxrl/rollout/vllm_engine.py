@@ -11,20 +11,29 @@ processes:
   row's random stream depends only on (step seed, row index), as in :class:`~jaxrl.rollout.JaxSampler`; prefix
   caching makes the ``n`` copies of a prompt share its KV blocks. Outputs are padded into the same arrays the
   JAX sampler returns (prompts left-padded to the bucketed width, responses right-padded to ``max_new_tokens``).
-* **update_weights**: ``nnx.State`` -> HF-named ``[out, in]`` tensors (:func:`jaxrl.models.hf.to_hf_tensors`) ->
+* **update_weights**: the trainer's params go through ``sharding.Translator`` with an ``"hf"`` target (whole
+  Hugging Face checkpoint tensors, ``[out, in]``, on ``jax.devices()[0]``; the trainer builds that plan from its
+  train mesh, a direct call with an ``nnx.State`` builds one here) -> each ``jax.Array`` becomes a torch tensor by
+  DLPack (same buffer, same device: on GPU no host round trip, on CPU no copy) ->
   ``llm.collective_rpc("reload_weights", ...)`` on every worker (vLLM's in-place reload: ``model.load_weights``
   wrapped in its layerwise-reload hooks, which redo post-load processing such as CPU weight repacking) ->
-  ``reset_prefix_cache``
-  (cached KV blocks were computed by the old weights). The whole sync runs under a timeout and any failure
-  raises :class:`WeightSyncError`.
+  ``reset_prefix_cache`` (cached KV blocks were computed by the old weights). The whole sync runs under a timeout
+  and any failure raises :class:`WeightSyncError`.
+* **memory** (``enable_sleep_mode``, from ``rollout.free_cache_engine`` on CUDA): after each generate
+  ``llm.sleep(level=1)`` frees the KV cache and offloads the weights so the trainer's update has the GPU; a sync
+  first wakes the weights only (``wake_up(tags=["weights"])``), the next generate wakes the KV cache. vLLM's CPU
+  platform has no sleep mode; there the prefix-cache reset after every sync is what keeps stale entries out.
 
-Why plain HF names and not ``sharding.translator``'s ``"vllm"`` target: vLLM's ``model.load_weights`` takes
-*checkpoint-format* tensors (``q_proj``/``k_proj``/``v_proj``, ``gate_proj``/``up_proj``, full unsharded shapes)
-and each worker's ``weight_loader`` fuses them into ``qkv_proj``/``gate_up_proj`` and cuts its own
+Why checkpoint-format tensors and not the translator's fused ``"vllm"`` target: vLLM's ``model.load_weights``
+takes checkpoint-format tensors (``q_proj``/``k_proj``/``v_proj``, ``gate_proj``/``up_proj``, full unsharded
+shapes) and each worker's ``weight_loader`` fuses them into ``qkv_proj``/``gate_up_proj`` and cuts its own
 tensor-parallel shard (``stacked_params_mapping`` in ``vllm/model_executor/models/{llama,qwen2,qwen3}.py``).
-That is correct for every TP degree. The translator's ``"vllm"`` target produces the already-fused per-rank
-layout, which is what vLLM's kernel-format reload (``is_checkpoint_format=False``: a direct ``param.copy_``) would
-need, and that path is wrong wherever vLLM repacks weights after loading (its CPU GEMMs do).
+That is correct for every TP degree. The ``"vllm"`` target produces the already-fused per-rank layout, which is
+what vLLM's kernel-format reload (``is_checkpoint_format=False``: a direct ``param.copy_``) would need, and that
+path is wrong wherever vLLM repacks weights after loading (its CPU GEMMs do).
+
+Split placement (``trainer.placement=split``) runs this engine in its own process instead:
+:class:`jaxrl.rollout.vllm_worker.VllmWorkerEngine`.
 
 Log-probs: the engine sets ``logprobs_mode="processed_logprobs"`` (``vllm/config/model.py``), i.e. the
 log-softmax after temperature *and* after top-k/top-p. jaxrl's convention (:class:`RolloutOutput`) is
