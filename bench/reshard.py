@@ -16,7 +16,7 @@ Cases (source = the train layout):
 For each: one warm-up sync (compiles, counts bytes), then the median wall time of 5 syncs. Naive baseline:
 ``np.asarray`` every source tensor (gather to host), apply the same rule steps in numpy, ``jax.device_put`` with the
 target sharding; its bytes are device->host (every source tensor once) plus host->device (every target shard).
-Outputs of both paths are checked equal. Writes ``bench/RESULTS_reshard.md``.
+Outputs of both paths are checked equal. Writes ``bench/results/reshard.md``.
 
 Run: ``python bench/reshard.py`` (about a minute on 2 cores).
 """
@@ -56,7 +56,7 @@ from sharding import (  # noqa: E402
 from sharding.translator import Plan  # noqa: E402
 
 RUNS = 5
-OUT = Path(__file__).resolve().parent / "RESULTS_reshard.md"
+OUT = Path(__file__).resolve().parent / "results" / "reshard.md"  # stitched into bench/RESULTS.md by report.py
 
 
 def _flat(state) -> dict[str, jax.Array]:
@@ -127,7 +127,7 @@ def main() -> None:
 
     cpu = platform.processor() or platform.machine()
     lines = [
-        "# Weight-sync benchmark: sharding translator vs naive gather-and-scatter",
+        "## Weight sync: sharding translator vs naive gather-and-scatter",
         "",
         f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
         f"- machine: {platform.node()} / {platform.platform()} / {cpu} / {os.cpu_count()} logical CPUs; "
@@ -154,6 +154,7 @@ def main() -> None:
         "CPU devices all copies are host memcpys, so times compare strategies, not interconnects.",
         "",
     ]
+    OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text("\n".join(lines))
     print("\n".join(lines))
 
