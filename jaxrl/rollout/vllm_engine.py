@@ -246,7 +246,7 @@ class VllmEngine:
               from then on (every later call raises; restart the run).
         """
         sync = self.num_syncs + 1
-        if isinstance(params, Mapping):
+        if isinstance(params, Mapping) and not isinstance(params, nnx.State):  # (an nnx.State is a Mapping too)
             self._run_sync(sync, lambda: dict(params))
             return
         sig = _leaf_signature(params)
