@@ -245,3 +245,32 @@ def test_smollm2_greedy_matches_jax_sampler_across_syncs(shared, tmp_path):
         assert gap < 5e-3, gap
     finally:
         engine.shutdown()
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
+def test_tensor_parallel_2_follows_syncs(model_type, tmp_path, monkeypatch):
+    """tensor_model_parallel_size=2: vLLM starts two CPU workers (one core each, VLLM_CPU_OMP_THREADS_BIND), each
+    cuts its own shard from the checkpoint-format tensors of every sync; greedy tokens equal the JAX sampler's."""
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # vLLM's CPU TP binds one worker per core/NUMA node
+    cfg = _tiny_cfg(model_type)
+    graphdef, state = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
+    state = _scaled(state, 4.0, seed=1)
+    sampler = JaxSampler(cfg, graphdef, state, pad_token_id=PAD, eos_token_ids=(EOS,), max_prompt_length=P)
+    engine = VllmEngine(
+        cfg, graphdef, state, None, rollout_cfg={"seed": 0, "tensor_model_parallel_size": 2,
+                                                 "update_weights_timeout_s": 300.0},
+        max_prompt_length=P, max_response_length=R, work_dir=tmp_path,
+    )
+    try:
+        assert "tp=2" in engine.engine_name
+        greedy = SamplingParams(n=2, do_sample=False, max_new_tokens=R)
+        _assert_same_rollout(engine.generate(PROMPTS, greedy), sampler.generate(PROMPTS, greedy), logprob_atol=1e-4)
+        new = _scaled(state, 1.0, seed=7)
+        before = engine.generate(PROMPTS, greedy)
+        engine.update_weights(new)
+        sampler.update_weights(new)
+        after = engine.generate(PROMPTS, greedy)
+        _assert_same_rollout(after, sampler.generate(PROMPTS, greedy), logprob_atol=1e-4)
+        assert not np.array_equal(after.response_ids, before.response_ids)
+    finally:
+        engine.shutdown()
