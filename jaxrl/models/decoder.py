@@ -403,6 +403,15 @@ class Decoder(nnx.Module):
         new_cache = None if cache is None else KVCache(new_k, new_v)
         if return_hidden:
             return x, new_cache
+        return self.logits(x), new_cache
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """The LM head: final-normed hidden states ``[B, T, H]`` -> float32 logits ``[B, T, V]``.
+
+        Callers that need only some positions (the trainer scores response tokens only) slice the hidden states
+        first and skip the ``[B, P, V]`` prompt-position logits.
+        """
+        x = hidden.astype(self.dtype)
         if self.lm_head is None:
             logits = jnp.einsum(
                 "bth,vh->btv", x, self.embed_tokens[...].astype(self.dtype), preferred_element_type=jnp.float32
@@ -411,4 +420,4 @@ class Decoder(nnx.Module):
             logits = jnp.einsum(
                 "bth,hv->btv", x, self.lm_head[...].astype(self.dtype), preferred_element_type=jnp.float32
             )
-        return logits.astype(jnp.float32), new_cache
+        return logits.astype(jnp.float32)
