@@ -112,16 +112,19 @@ def rollout_mismatch_metrics(batch: RLBatch, entropy: np.ndarray) -> dict[str, f
     """How far the rollout engine's token probabilities are from the trainer's recompute (same weights).
 
     ``training/rollout_probs_diff_{mean,max}`` = |p_trainer - p_rollout| over valid tokens; nonzero gaps come
-    from numerics (bf16 kernels, another engine). ``actor/entropy_old`` is the pre-update token entropy.
+    from numerics (bf16 kernels, another engine). ``actor/entropy_old`` is the pre-update token entropy (token
+    mean); it is also ``actor/entropy`` unless the update computes its own (``entropy_coeff != 0``), as verl
+    logs the old-log-prob pass's entropy.
     """
     mask = batch.response_mask.astype(bool)
     if not mask.any():
-        return {"training/rollout_probs_diff_mean": 0.0, "training/rollout_probs_diff_max": 0.0}
+        return {"training/rollout_probs_diff_mean": 0.0, "training/rollout_probs_diff_max": 0.0, "actor/entropy": 0.0}
     gap = np.abs(np.exp(batch.old_log_probs) - np.exp(batch.rollout_log_probs))[mask]
     return {
         "training/rollout_probs_diff_mean": float(gap.mean()),
         "training/rollout_probs_diff_max": float(gap.max()),
         "actor/entropy_old": float(entropy[mask].mean()),
+        "actor/entropy": float(entropy[mask].mean()),
     }
 
 

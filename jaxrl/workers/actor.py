@@ -323,12 +323,14 @@ class ActorWorker:
             loss_agg_mode=c.loss_agg_mode, rollout_is_weights=is_weights, **norms,
             **_supported(self._policy_loss, dict(c.options)),
         )
-        entropy = entropy_from_logits(logits)
-        if c.entropy_coeff == 0:
-            entropy = jax.lax.stop_gradient(entropy)
-        entropy_loss = agg_loss(entropy, mask, c.loss_agg_mode, **norms)
-        loss = pg_loss - c.entropy_coeff * entropy_loss
-        metrics = {"actor/pg_loss": pg_loss, "actor/entropy": entropy_loss}
+        loss = pg_loss
+        metrics = {"actor/pg_loss": pg_loss}
+        if c.entropy_coeff != 0:
+            # Only when it is in the loss (verl's ``calculate_entropy = entropy_coeff != 0``): an exp and a sum over
+            # [B, R, V] per micro-batch. Otherwise actor/entropy comes from the old-log-prob pass (the trainer).
+            entropy_loss = agg_loss(entropy_from_logits(logits), mask, c.loss_agg_mode, **norms)
+            loss = loss - c.entropy_coeff * entropy_loss
+            metrics["actor/entropy"] = entropy_loss
         if c.use_kl_loss and c.kl_loss_type == "full":
             # Exact KL over the vocabulary: the reference's whole distribution, recomputed on this micro-batch.
             ref_logits = jax.lax.stop_gradient(_forward_response(

@@ -129,6 +129,8 @@ def test_update_raises_log_prob_of_positively_advantaged_responses(split_model):
     assert delta[0] > 0 and delta[2] > 0 and delta[1] < 0 and delta[3] < 0
     assert metrics["actor/nonfinite_grad"] == 0 and metrics["actor/grad_norm"] > 0
     assert actor.num_updates == 1 and metrics["actor/lr"] == pytest.approx(1e-2)
+    # entropy_coeff=0: the update computes no entropy (verl's calculate_entropy); the trainer logs the old pass's
+    assert "actor/entropy" not in metrics
 
 
 def test_nonfinite_gradient_skips_update(split_model):
