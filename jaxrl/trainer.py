@@ -162,9 +162,10 @@ class Trainer:
         with timed("step", t):
             batch = self._collect_batch(t, metrics)  # phases gen + reward (DAPO: several rounds)
 
-            with timed("old_log_prob", t):
-                batch.old_log_probs, entropy = c.actor.compute_log_probs(batch)
-                metrics.update(rollout_mismatch_metrics(batch, entropy))
+            if cfg.actor_rollout_ref.actor.recompute_old_log_prob:  # else on-policy: the update uses its own
+                with timed("old_log_prob", t):
+                    batch.old_log_probs, entropy = c.actor.compute_log_probs(batch)
+                    metrics.update(rollout_mismatch_metrics(batch, entropy))
 
             if c.ref is not None:
                 with timed("ref", t):

@@ -184,3 +184,16 @@ def test_failed_weight_sync_stops_the_run_and_keeps_the_last_checkpoint(shared, 
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     after = {p.relative_to(tmp_path): p.read_bytes() for p in (tmp_path / "global_step_2").rglob("*") if p.is_file()}
     assert after == before or not (tmp_path / "global_step_2").exists()  # kept as-is, or rotated out by max_to_keep
+
+
+def test_run_without_the_old_log_prob_pass(shared, tmp_path):
+    """recompute_old_log_prob=false: no old_log_prob phase, the run trains (ratio-1 on-policy updates)."""
+    cfg = load_config("configs/quickstart.yaml", tiny_run_overrides(tmp_path, [
+        "trainer.test_freq=-1", "actor_rollout_ref.actor.recompute_old_log_prob=false",
+    ]))
+    run_training(cfg)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    for r in records:
+        assert "timing_s/old_log_prob" not in r and "training/rollout_probs_diff_max" not in r
+        assert r["actor/pg_clipfrac"] == 0.0 and r["actor/grad_norm"] > 0 and "timing_s/update_actor" in r

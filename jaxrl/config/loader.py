@@ -505,6 +505,20 @@ def _validate_cross(cfg: JaxRLConfig) -> None:
     world = t.n_gpus_per_node * t.nnodes
     world_s = f"trainer.n_gpus_per_node={t.n_gpus_per_node} x trainer.nnodes={t.nnodes}"
     n = rollout.n
+    if not actor.recompute_old_log_prob:
+        off_policy = []
+        if actor.ppo_epochs != 1:
+            off_policy.append(f"actor_rollout_ref.actor.ppo_epochs={actor.ppo_epochs} (needs 1)")
+        if actor.ppo_mini_batch_size != d.train_batch_size:
+            off_policy.append(f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} (needs "
+                              f"data.train_batch_size={d.train_batch_size}: one mini-batch per step)")
+        if cfg.algorithm.use_kl_in_reward:
+            off_policy.append("algorithm.use_kl_in_reward=True (the reward's KL needs the old log-probs)")
+        if off_policy:
+            raise ConfigError(
+                "actor_rollout_ref.actor.recompute_old_log_prob=False is only exact when every update is on-policy; "
+                f"got {'; '.join(off_policy)}. Set recompute_old_log_prob=True or change those keys"
+            )
     if (d.train_batch_size * n) % world:
         raise ConfigError(
             f"data.train_batch_size={d.train_batch_size} x actor_rollout_ref.rollout.n={n} = "

@@ -136,6 +136,11 @@ class ActorConfig:
     ppo_micro_batch_size_per_gpu: Optional[int] = None  # responses per device per forward/backward; null = whole mini-batch
     ppo_epochs: int = 1  # passes over each RL batch
     shuffle: bool = False  # shuffle responses before splitting into mini-batches
+    # False = skip the old-log-prob forward pass: with one update per step (ppo_epochs 1, one mini-batch) the old
+    # policy IS the current one, so the loss uses stop_gradient(current log-probs) as pi_old (ratio exactly 1, as
+    # TRL/Tunix do with num_iterations=1 and NeMo-RL's force_on_policy_ratio). Saves one forward over the batch;
+    # training/rollout_probs_diff_* and the old pass's actor/entropy are then not logged.
+    recompute_old_log_prob: bool = True
     use_kl_loss: bool = False  # add kl_loss_coef * KL(pi || ref) to the loss (GRPO style)
     kl_loss_coef: float = 0.001  # weight of the KL loss
     kl_loss_type: str = "low_var_kl"  # kl/k1, abs, mse/k2, low_var_kl/k3, their "+" straight-through forms, full

@@ -255,6 +255,8 @@ class ActorWorker:
             options=_loss_options(actor_cfg.policy_loss),
         )
         self._policy_loss = get_policy_loss(self.loss_cfg.loss_mode)
+        # recompute_old_log_prob=False: pi_old = stop_gradient(current log-probs) in the loss (see the schema)
+        self.on_policy_ratio = not getattr(actor_cfg, "recompute_old_log_prob", True)
         self.rng = np.random.default_rng(seed)
         self.log_prob = LogProbComputer(graphdef, micro_batch_size=log_prob_micro_batch_size, temperature=temperature,
                                         mesh=mesh, rules=rules)
@@ -313,12 +315,15 @@ class ActorWorker:
         )
         mask = micro["response_mask"]
         log_prob = log_probs_from_logits(logits, micro["response_ids"])
+        # recompute_old_log_prob=False: on-policy, pi_old is the current policy (ratio 1, gradient of the
+        # surrogate = advantage x grad log-prob); otherwise the old pass's log-probs.
+        old_log_prob = jax.lax.stop_gradient(log_prob) if self.on_policy_ratio else micro["old_log_probs"]
         norms = dict(num_tokens=num_tokens, num_seqs=num_seqs)
         is_weights = None
         if c.tis_imp_ratio_cap > 0:
-            is_weights = tis_weights(micro["old_log_probs"], micro["rollout_log_probs"], c.tis_imp_ratio_cap)
+            is_weights = tis_weights(old_log_prob, micro["rollout_log_probs"], c.tis_imp_ratio_cap)
         pg_loss, pg_metrics = self._policy_loss(
-            micro["old_log_probs"], log_prob, micro["advantages"], mask,
+            old_log_prob, log_prob, micro["advantages"], mask,
             clip_ratio_low=c.clip_ratio_low, clip_ratio_high=c.clip_ratio_high, clip_ratio_c=c.clip_ratio_c,
             loss_agg_mode=c.loss_agg_mode, rollout_is_weights=is_weights, **norms,
             **_supported(self._policy_loss, dict(c.options)),
@@ -379,7 +384,12 @@ class ActorWorker:
         return new_params, new_opt_state, metrics
 
     def minibatch_arrays(self, batch: RLBatch) -> dict[str, np.ndarray]:
-        """The per-row arrays the loss reads, ``[N, ...]`` each."""
+        """The per-row arrays the loss reads, ``[N, ...]`` each (without an old pass, ``old_log_probs`` holds the
+        rollout's log-probs as a placeholder the loss never reads)."""
+        if batch.old_log_probs is None:
+            if not self.on_policy_ratio:
+                raise ValueError("actor update needs batch.old_log_probs, which is not set")
+            batch = dataclasses.replace(batch, old_log_probs=batch.rollout_log_probs)
         return {
             "input_ids": batch.input_ids(),
             "positions": batch.positions(),
@@ -403,7 +413,14 @@ class ActorWorker:
         """
         if self._tx is None:
             self.init_optimizer(batch.size)
-        needed = ["old_log_probs", "advantages"] + (["ref_log_probs"] if self.loss_cfg.use_kl_loss else [])
+        needed = (["advantages"] + ([] if self.on_policy_ratio else ["old_log_probs"])
+                  + (["ref_log_probs"] if self.loss_cfg.use_kl_loss else []))
+        if self.on_policy_ratio and (self.cfg.ppo_epochs != 1 or batch.size > self.mini_batch_rows):
+            raise ValueError(
+                f"recompute_old_log_prob=False needs one on-policy update per step, but ppo_epochs="
+                f"{self.cfg.ppo_epochs} and {batch.size} rows make "
+                f"{self.cfg.ppo_epochs * math.ceil(batch.size / self.mini_batch_rows)} updates"
+            )
         for name in needed:
             if getattr(batch, name) is None:
                 raise ValueError(f"actor update needs batch.{name}, which is not set")

@@ -561,3 +561,16 @@ def test_dataclass_defaults_match_loaded_defaults():
     assert loaded.actor_rollout_ref.actor == fresh.actor_rollout_ref.actor
     assert loaded.actor_rollout_ref.model == fresh.actor_rollout_ref.model
     assert yaml.safe_load(config_to_yaml(loaded))["trainer"]["logger"] == fresh.trainer.logger
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["actor_rollout_ref.actor.ppo_epochs=2"], "ppo_epochs=2 (needs 1)"),
+    (["actor_rollout_ref.actor.ppo_mini_batch_size=64"], "ppo_mini_batch_size=64 (needs data.train_batch_size=256"),
+    (["algorithm.use_kl_in_reward=true"], "use_kl_in_reward=True (the reward's KL needs the old log-probs)"),
+])
+def test_skipping_the_old_pass_needs_on_policy_updates(extra, fragment):
+    base = ["actor_rollout_ref.actor.recompute_old_log_prob=false", "data.train_batch_size=256",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=256"]
+    msg = _error(None, base + extra)
+    assert "recompute_old_log_prob=False is only exact when every update is on-policy" in msg and fragment in msg
+    assert load_config(None, base).actor_rollout_ref.actor.recompute_old_log_prob is False

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from types import SimpleNamespace
 
 import jax
@@ -131,6 +133,36 @@ def test_update_raises_log_prob_of_positively_advantaged_responses(split_model):
     assert actor.num_updates == 1 and metrics["actor/lr"] == pytest.approx(1e-2)
     # entropy_coeff=0: the update computes no entropy (verl's calculate_entropy); the trainer logs the old pass's
     assert "actor/entropy" not in metrics
+
+
+def test_skipping_the_old_pass_gives_the_same_on_policy_update(split_model):
+    """recompute_old_log_prob=False (pi_old = stop_gradient(current)): one on-policy update yields the same params
+    and losses as recomputing the old log-probs first; more than one update per step is refused."""
+    graphdef, params = split_model
+    batch = make_batch(n=4, seed=5)
+    comp = LogProbComputer(graphdef, micro_batch_size=4, temperature=1.0)
+    old, _ = comp(params, batch)
+    batch.rollout_log_probs = old + 0.05 * batch.response_mask  # placeholder the skipping loss must not read
+    batch.advantages = np.where(np.arange(4)[:, None] % 2 == 0, 1.0, -1.0).astype(np.float32) * batch.response_mask
+    results = {}
+    for recompute in (True, False):
+        cfg = actor_cfg(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, use_kl_loss=False,
+                        recompute_old_log_prob=recompute)
+        b = dataclasses.replace(batch, old_log_probs=old if recompute else None)
+        actor = ActorWorker(graphdef, jax.tree.map(lambda x: x.copy(), params), cfg, rollout_n=1, temperature=1.0,
+                            log_prob_micro_batch_size=4, total_training_steps=1)
+        results[recompute] = (actor.update(b), actor.params)
+    (m_re, p_re), (m_skip, p_skip) = results[True], results[False]
+    for k in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
+        np.testing.assert_allclose(m_skip[k], m_re[k], rtol=1e-5, atol=1e-7, err_msg=k)
+    assert m_skip["actor/pg_clipfrac"] == 0.0  # ratio exactly 1
+    for a, b in zip(jax.tree.leaves(p_re), jax.tree.leaves(p_skip)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
+    two_updates = ActorWorker(graphdef, params, actor_cfg(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2,
+                                                          recompute_old_log_prob=False, use_kl_loss=False),
+                              rollout_n=1, temperature=1.0, log_prob_micro_batch_size=4, total_training_steps=1)
+    with pytest.raises(ValueError, match="recompute_old_log_prob=False needs one on-policy update per step"):
+        two_updates.update(dataclasses.replace(batch, old_log_probs=None))
 
 
 def test_nonfinite_gradient_skips_update(split_model):
