@@ -50,6 +50,7 @@ class Framework:
     setup: str | None = None  # setup script (relative), None = run with this interpreter
     venv: str | None = None  # venv folder the setup script creates (relative)
     goal: float | None = None  # claim: jaxrl step time / this framework's <= goal
+    extra: tuple[str, ...] = ()  # extra peer-script arguments
 
     def python(self) -> Path:
         """The interpreter that runs this framework's peer script."""
@@ -58,6 +59,9 @@ class Framework:
 
 FRAMEWORKS = {
     "jaxrl": Framework("jaxrl", "jaxrl", "bench/peers/jaxrl_grpo.py"),
+    # the same without the old-log-prob pass (recompute_old_log_prob=false), the work TRL and Tunix do here
+    "jaxrl-onpolicy": Framework("jaxrl-onpolicy", "jaxrl, no old-log-prob pass", "bench/peers/jaxrl_grpo.py",
+                                extra=("--no-old-log-prob",)),
     "trl": Framework("trl", "TRL", "bench/peers/trl_grpo.py", "scripts/setup_bench_trl.sh", ".venv-bench-trl", 0.5),
     "tunix": Framework("tunix", "Tunix", "bench/peers/tunix_grpo.py", "scripts/setup_bench_tunix.sh",
                        ".venv-bench-tunix", 1.0),
@@ -166,7 +170,8 @@ def run_framework(fw: Framework, model: str, model_dir: Path, steps: int, timeou
     out = OUT_DIR / model / f"{fw.key}.json"
     log = OUT_DIR / model / f"{fw.key}.log"
     out.unlink(missing_ok=True)  # never read a stale result
-    args = [fw.script, "--model-dir", str(model_dir), "--model-name", model, "--steps", str(steps), "--out", str(out)]
+    args = [fw.script, "--model-dir", str(model_dir), "--model-name", model, "--steps", str(steps), "--out", str(out),
+            *fw.extra]
     rec["command"] = " ".join(shlex.quote(str(a)) for a in [fw.python(), *args])
     print(f"[grpo_step] {model} / {fw.label}: {rec['command']}", flush=True)
     t0 = time.perf_counter()
@@ -217,18 +222,23 @@ def model_section(model: str, model_dir: Path, records: list[dict]) -> tuple[lis
                      + f" | {toks} | {ratio} |")
         notes.extend(f"{model} / {r['label']}: {n}" for n in [*r["notes"], *r["warnings"]])
     lines.append("")
-    for r in records:
-        fw = FRAMEWORKS[r["framework"]]
-        if fw.goal is None:
+    for jkey in ("jaxrl", "jaxrl-onpolicy"):
+        jrec = by_fw.get(jkey)
+        if jrec is None:
             continue
-        peer_med = _median(r)
-        if jax_med is None or peer_med is None:
-            why = "; ".join(f"{x['label']} failed" for x in (by_fw.get("jaxrl"), r) if x and x["error"])
-            why = why or "jaxrl not run"
-            lines.append(f"- jaxrl / {fw.label} = n/a ({why}) (goal <= {fw.goal}: not measured)")
-        else:
-            x = jax_med / peer_med
-            lines.append(f"- jaxrl / {fw.label} = {x:.2f} (goal <= {fw.goal}: {'met' if x <= fw.goal else 'not met'})")
+        j_med = _median(jrec)
+        for r in records:
+            fw = FRAMEWORKS[r["framework"]]
+            if fw.goal is None:
+                continue
+            peer_med = _median(r)
+            if j_med is None or peer_med is None:
+                why = "; ".join(f"{x['label']} failed" for x in (jrec, r) if x and x["error"])
+                lines.append(f"- {jrec['label']} / {fw.label} = n/a ({why}) (goal <= {fw.goal}: not measured)")
+            else:
+                x = j_med / peer_med
+                lines.append(f"- {jrec['label']} / {fw.label} = {x:.2f} "
+                             f"(goal <= {fw.goal}: {'met' if x <= fw.goal else 'not met'})")
     lines.append("")
     return lines, notes
 

@@ -70,7 +70,7 @@ def ignore_eos_supported() -> bool:
     return IGNORE_EOS_KEY in valid_keys()
 
 
-def overrides(model_dir: Path, run_dir: Path, steps: int, *, ignore_eos: bool) -> list[str]:
+def overrides(model_dir: Path, run_dir: Path, steps: int, *, ignore_eos: bool, old_pass: bool = True) -> list[str]:
     """The ``key=value`` overrides that turn ``configs/quickstart.yaml`` into the shared workload."""
     ov = [
         f"data.train_files={run_dir / 'train.jsonl'}",
@@ -121,6 +121,8 @@ def overrides(model_dir: Path, run_dir: Path, steps: int, *, ignore_eos: bool) -
     ]
     if ignore_eos:
         ov.append(f"{IGNORE_EOS_KEY}=true")
+    if not old_pass:  # on-policy: the loss uses stop_gradient(current log-probs) as pi_old, like TRL/Tunix here
+        ov.append("actor_rollout_ref.actor.recompute_old_log_prob=false")
     return ov
 
 
@@ -161,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, type=Path, help="result JSON file (workload schema)")
     p.add_argument("--ignore-eos", choices=("auto", "on", "off"), default="auto",
                    help="pass rollout.ignore_eos=true: auto = when jaxrl's schema has the key (default)")
+    p.add_argument("--no-old-log-prob", action="store_true",
+                   help="actor_rollout_ref.actor.recompute_old_log_prob=false: no separate old-log-prob pass "
+                        "(what TRL and Tunix do with num_iterations=1)")
     p.add_argument("--timeout-s", type=float, default=2400.0, help="limit for the training run, seconds")
     args = p.parse_args(argv)
     if args.steps < 1:
@@ -178,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         notes.append(f"{IGNORE_EOS_KEY} not set: responses may end at EOS before {W.RESPONSE_LENGTH} tokens")
 
     out = args.out.resolve()
-    run_dir = out.parent / f"jaxrl-{args.model_name}"
+    run_dir = out.parent / f"{out.stem}-{args.model_name}"
     if (run_dir / "run").exists():
         shutil.rmtree(run_dir / "run")  # a fresh run: no stale metrics, no resume
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -186,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     (run_dir / "reward_fn.py").write_text(REWARD_FILE, encoding="utf-8")
 
     cmd = [sys.executable, "-m", "jaxrl.train", "--config", str(CONFIG),
-           *overrides(model_dir, run_dir, args.steps, ignore_eos=ignore_eos)]
+           *overrides(model_dir, run_dir, args.steps, ignore_eos=ignore_eos, old_pass=not args.no_old_log_prob)]
     log_path = run_dir / "train.log"
     t0 = time.perf_counter()
     with open(log_path, "w", encoding="utf-8") as log:
@@ -216,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"(see {log_path.relative_to(ROOT) if log_path.is_relative_to(ROOT) else log_path}); "
                  f"process wall {wall:.1f} s incl. model load, compile and final export")
     notes.append("total_s = timing_s/step: gen + reward + old_log_prob + adv + update_actor + sync "
-                 "(no ref: KL off)")
+                 "(no ref: KL off)" + ("; recompute_old_log_prob=false: no old_log_prob phase" if args.no_old_log_prob
+                                       else ""))
     result = {
         "framework": "jaxrl",
         "version": f"jaxrl {jaxrl.__version__}",
