@@ -199,10 +199,14 @@ class Attention(nnx.Module):
             y = y + bias[...].astype(self.dtype)
         return y
 
-    def __call__(self, x, cos, sin, mask, k_cache, v_cache, cache_index):
-        """``x`` ``[B, T, H]``; ``mask`` ``[B, T, S]``; ``k_cache/v_cache`` ``[B, S, nKV, D]`` or None.
+    def __call__(self, x, cos, sin, mask, k_cache, v_cache, cache_index, layer=None):
+        """``x`` ``[B, T, H]``; ``mask`` ``[B, T, S]``; ``k_cache/v_cache``: the model's whole cache
+        ``[L, B, S, nKV, D]`` with ``layer`` the index of this block, or None (no cache).
 
-        Returns ``(out [B, T, H], k_new [B, T, nKV, D], v_new [B, T, nKV, D])`` (new keys post-RoPE)."""
+        Returns ``(out [B, T, H], k, v)``: with a cache, the whole cache with this layer's new keys/values
+        (post-RoPE) written at slots ``[cache_index, cache_index + T)``; without, the new keys/values
+        ``[B, T, nKV, D]``. Writing into the whole cache and attending over the updated layer slice lets XLA
+        update the cache in place inside the decode loop (no per-layer or per-step copy of the cache)."""
         q = self._proj(x, self.q_proj, self.q_bias)
         k = self._proj(x, self.k_proj, self.k_bias)
         v = self._proj(x, self.v_proj, self.v_bias)
@@ -214,11 +218,11 @@ class Attention(nnx.Module):
         if k_cache is None:
             k_all, v_all = k, v
         else:
-            k = k.astype(k_cache.dtype)
-            v = v.astype(v_cache.dtype)
-            start = (0, cache_index, 0, 0)
-            k_all = jax.lax.dynamic_update_slice(k_cache, k, start).astype(self.dtype)
-            v_all = jax.lax.dynamic_update_slice(v_cache, v, start).astype(self.dtype)
+            start = (layer, 0, cache_index, 0, 0)
+            k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype)[None], start)
+            v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype)[None], start)
+            k_all, v_all = k_cache[layer].astype(self.dtype), v_cache[layer].astype(self.dtype)
+            k, v = k_cache, v_cache
         out = gqa_attention(q, k_all, v_all, mask)
         out = jnp.einsum("btnd,ndh->bth", out, self.o_proj[...].astype(self.dtype))
         return out, k, v
@@ -249,15 +253,16 @@ class Block(nnx.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "embed", param_dtype=param_dtype)
         self.mlp = MLP(cfg, rngs=rngs, param_dtype=param_dtype, dtype=dtype)
 
-    def __call__(self, x, cos, sin, mask, k_cache, v_cache, cache_index):
-        h, k_new, v_new = self.self_attn(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache, cache_index)
+    def __call__(self, x, cos, sin, mask, k_cache, v_cache, cache_index, layer=None):
+        h, k_new, v_new = self.self_attn(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache, cache_index,
+                                         layer)
         x = x + h
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, k_new, v_new
 
 
-def _call_block(block: Block, x, cos, sin, mask, k_cache, v_cache, cache_index):
-    return block(x, cos, sin, mask, k_cache, v_cache, cache_index)
+def _call_block(block: Block, x, cos, sin, mask, k_cache, v_cache, cache_index, layer=None):
+    return block(x, cos, sin, mask, k_cache, v_cache, cache_index, layer)
 
 
 _remat_block = nnx.remat(_call_block)
@@ -391,14 +396,11 @@ class Decoder(nnx.Module):
         # Remat only pays off when a backward pass follows; cached decoding never differentiates.
         call = _remat_block if (self.remat and cache is None) else _call_block
         for i, block in enumerate(self.layers):
-            k_layer = None if cache is None else cache.k[i]
-            v_layer = None if cache is None else cache.v[i]
-            x, k_chunk, v_chunk = call(block, x, cos, sin, mask, k_layer, v_layer, cache_index)
+            if cache is None:
+                x, _, _ = call(block, x, cos, sin, mask, None, None, cache_index)
+            else:  # each block writes its keys/values into the whole cache (in place) and attends over its layer
+                x, new_k, new_v = call(block, x, cos, sin, mask, new_k, new_v, cache_index, i)
             x = constrain(x)
-            if cache is not None:
-                start = (i, 0, cache_index, 0, 0)
-                new_k = jax.lax.dynamic_update_slice(new_k, k_chunk[None].astype(new_k.dtype), start)
-                new_v = jax.lax.dynamic_update_slice(new_v, v_chunk[None].astype(new_v.dtype), start)
         x = self.norm(x)
         new_cache = None if cache is None else KVCache(new_k, new_v)
         if return_hidden:

@@ -435,6 +435,25 @@ def test_select_tokens_samples_filtered_distribution():
     np.testing.assert_allclose(np.asarray(g_lps), log_softmax(row)[0, row.argmax()], atol=1e-6)
 
 
+def test_sample_categorical_matches_softmax_across_blocks():
+    """Two-stage inverse-CDF sampling over a vocabulary of several 256-token blocks (+ a ragged last block):
+    frequencies follow softmax(logits); -inf entries (whole blocks included) are never drawn."""
+    rng = np.random.default_rng(11)
+    v, n = 700, 40000
+    row = rng.normal(size=v).astype(np.float32) * 1.5
+    row[:256] = -np.inf  # the first block has no mass at all
+    row[300:310] = -np.inf
+    row[[400, 650]] = [3.5, 3.0]  # heavy tokens in blocks 1 and 2
+    logits = jnp.asarray(np.repeat(row[None], n, axis=0))
+    toks = np.asarray(jax.jit(sampling.sample_categorical)(jax.random.split(jax.random.key(3), n), logits))
+    probs = np.exp(log_softmax(row[None])[0])
+    assert np.isfinite(row[toks]).all()
+    freq = np.bincount(toks, minlength=v) / n
+    np.testing.assert_allclose(freq, probs, atol=4 * np.sqrt(probs.max() / n))
+    for tok in (400, 650):  # the heavy tokens: relative error of their frequency
+        assert abs(freq[tok] - probs[tok]) < 0.05 * probs[tok]
+
+
 # ----------------------------------------------------------------------------- real model
 def test_stories260k_golden_greedy(shared):
     from jaxrl.models import load_pretrained
