@@ -547,6 +547,7 @@ def test_compat_tables_are_consistent():
     exact_schema = {k for k in compat.NOTES if k in leaves}
     assert exact_schema == {
         "actor_rollout_ref.model.use_remove_padding",
+        "actor_rollout_ref.rollout.free_cache_engine",
         "actor_rollout_ref.rollout.gpu_memory_utilization",
         "actor_rollout_ref.rollout.tensor_model_parallel_size",
     }
