@@ -50,7 +50,7 @@ class Components:
     model_meta: dict  # what jaxrl.export needs to rebuild the policy from a checkpoint
     critic: object | None = None
     placement: object | None = None  # jaxrl.workers.placement.Placement; None = every role on one device
-    translator: object | None = None  # sharding.Translator actor params -> rollout layout (with a placement)
+    translator: object | None = None  # sharding.Translator actor params -> rollout layout (a placement, or vLLM)
 
 
 def _sampling_params(rollout_cfg, max_new_tokens: int, *, validation: bool, seed: int):
@@ -120,11 +120,12 @@ def rollout_mismatch_metrics(batch: RLBatch, entropy: np.ndarray) -> dict[str, f
     if not mask.any():
         return {"training/rollout_probs_diff_mean": 0.0, "training/rollout_probs_diff_max": 0.0, "actor/entropy": 0.0}
     gap = np.abs(np.exp(batch.old_log_probs) - np.exp(batch.rollout_log_probs))[mask]
+    token_entropy = float(entropy[mask].mean())
     return {
         "training/rollout_probs_diff_mean": float(gap.mean()),
         "training/rollout_probs_diff_max": float(gap.max()),
-        "actor/entropy_old": float(entropy[mask].mean()),
-        "actor/entropy": float(entropy[mask].mean()),
+        "actor/entropy_old": token_entropy,
+        "actor/entropy": token_entropy,
     }
 
 
@@ -696,9 +697,11 @@ def _build_rollout(cfg, model_cfg, graphdef, params, tokenizer, actor, placement
 
     engine_params = actor.params if placement else params
     if cfg.actor_rollout_ref.rollout.name == "vllm":
+        from jaxrl.rollout.vllm_worker import VllmWorkerEngine
+
         rollout = make_rollout_engine(cfg, model_cfg, graphdef, engine_params, tokenizer, placement=placement)
-        remote = placement is not None and placement.kind == "split"  # vLLM in its own process reads host memory
-        return rollout, build_hf_translator(engine_params, model_cfg, host=remote)
+        # vLLM in its own process (split placement) reads host memory; in-process vLLM takes device arrays
+        return rollout, build_hf_translator(engine_params, model_cfg, host=isinstance(rollout, VllmWorkerEngine))
     if placement is None:
         return make_rollout_engine(cfg, model_cfg, graphdef, params, tokenizer), None
     translator = build_translator(actor.params, placement)

@@ -77,11 +77,23 @@ def row_seeds(seed: int, rows: int) -> list[int]:
 
 
 def _leaf_signature(params) -> dict[str, tuple[tuple[int, ...], str]]:
+    """``{leaf path: (shape, dtype name)}`` of a parameter tree (the engine's fixed weight layout)."""
     leaves = jax.tree_util.tree_flatten_with_path(params)[0]
     return {
         jax.tree_util.keystr(p): (tuple(np.shape(x)), str(getattr(x, "dtype", None) or np.asarray(x).dtype))
         for p, x in leaves
     }
+
+
+def _tree_mismatch(expected: dict, params) -> str | None:
+    """How ``params``' leaves differ from the signature ``expected`` (missing, unexpected, (shape, dtype)
+    mismatches; the first 5 of each), or None when they match."""
+    sig = _leaf_signature(params)
+    missing, extra = sorted(set(expected) - set(sig)), sorted(set(sig) - set(expected))
+    diffs = [f"{p}: expected {expected[p]}, got {sig[p]}" for p in sorted(sig) if p in expected and sig[p] != expected[p]]
+    if missing or extra or diffs:
+        return f"missing {missing[:5]}, unexpected {extra[:5]}, (shape, dtype) mismatches {diffs[:5]}"
+    return None
 
 
 def _refresh_tied_lm_head(worker) -> bool:
@@ -107,7 +119,7 @@ def _cfg_get(section, key: str, default):
     if section is None:
         return default
     try:
-        value = section[key] if isinstance(section, dict) else getattr(section, key)
+        value = section[key] if isinstance(section, Mapping) else getattr(section, key)
     except (AttributeError, KeyError):
         return default
     return default if value is None else value
@@ -245,22 +257,17 @@ class VllmEngine:
             * vLLM failed while loading: its in-place reload cannot be rolled back, so the engine is unusable
               from then on (every later call raises; restart the run).
         """
-        sync = self.num_syncs + 1
         if isinstance(params, Mapping) and not isinstance(params, nnx.State):  # (an nnx.State is a Mapping too)
-            self._run_sync(sync, lambda: dict(params))
+            self.load_hf_weights(params)
             return
-        sig = _leaf_signature(params)
-        missing, extra = sorted(set(self._signature) - set(sig)), sorted(set(sig) - set(self._signature))
-        diffs = [f"{p}: expected {self._signature[p]}, got {sig[p]}" for p in sorted(sig) if p in self._signature
-                 and sig[p] != self._signature[p]]
-        if missing or extra or diffs:
+        mismatch = _tree_mismatch(self._signature, params)
+        if mismatch:
             raise WeightSyncError(
-                f"weight sync #{sync} into {self.engine_name}: parameter tree differs from the engine's "
-                f"(missing {missing[:5]}, unexpected {extra[:5]}, shape/dtype (shape, dtype) mismatches {diffs[:5]}); "
-                "the engine keeps its previous weights"
+                f"weight sync #{self.num_syncs + 1} into {self.engine_name}: parameter tree differs from the "
+                f"engine's ({mismatch}); the engine keeps its previous weights"
             )
         translator = self.hf_translator(params)
-        self._run_sync(sync, lambda: translator.sync(params)[0])
+        self._run_sync(self.num_syncs + 1, lambda: translator.sync(params)[0])
 
     def load_hf_weights(self, tensors: Mapping[str, "np.ndarray | jax.Array"]) -> None:
         """Load a complete set of HF-named ``[out, in]`` tensors (``to_hf_tensors`` naming) under the sync timeout.
@@ -317,8 +324,6 @@ class VllmEngine:
                              "its previous weights")
 
     def _run_sync(self, sync: int, make_tensors) -> None:
-        import torch
-
         where = f"weight sync #{sync} into {self.engine_name}"
         if self._dead is not None:
             raise WeightSyncError(f"{where}: refused, {self._dead}")

@@ -75,7 +75,7 @@ import numpy as np
 
 from jaxrl.models.config import ModelConfig
 from jaxrl.rollout.base import RolloutOutput, SamplingParams, check_prompts
-from jaxrl.rollout.vllm_engine import WeightSyncError
+from jaxrl.rollout.vllm_engine import WeightSyncError, _cfg_get, _leaf_signature, _tree_mismatch
 
 __all__ = ["VllmWorkerEngine", "VllmWorkerError", "WeightSyncError"]
 
@@ -97,16 +97,6 @@ class VllmWorkerError(RuntimeError):
 
 class _WorkerDied(Exception):
     """Internal: the child is gone; the message says how (exit code)."""
-
-
-def _cfg_get(section, key: str, default):
-    if section is None:
-        return default
-    try:
-        value = section[key] if isinstance(section, Mapping) else getattr(section, key)
-    except (AttributeError, KeyError):
-        return default
-    return default if value is None else value
 
 
 def _plain_cfg(section):
@@ -138,16 +128,6 @@ def _np_dtype(name: str) -> np.dtype:
 
 def _is_float(dt: np.dtype) -> bool:
     return dt.kind == "f" or dt.name in ("bfloat16",)
-
-
-def _leaf_signature(params) -> dict[str, tuple[tuple[int, ...], str]]:
-    import jax
-
-    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
-    return {
-        jax.tree_util.keystr(p): (tuple(np.shape(x)), str(getattr(x, "dtype", None) or np.asarray(x).dtype))
-        for p, x in leaves
-    }
 
 
 def _describe_exit(code: int | None) -> str:
@@ -616,16 +596,11 @@ class VllmWorkerEngine:
         from flax import nnx
 
         if isinstance(params, nnx.State):
-            sig = _leaf_signature(params)
-            missing = sorted(set(self._signature) - set(sig))
-            extra = sorted(set(sig) - set(self._signature))
-            diffs = [f"{p}: expected {self._signature[p]}, got {sig[p]}" for p in sorted(sig)
-                     if p in self._signature and sig[p] != self._signature[p]]
-            if missing or extra or diffs:
+            mismatch = _tree_mismatch(self._signature, params)
+            if mismatch:
                 raise WeightSyncError(
-                    f"{where}: parameter tree differs from the engine's (missing {missing[:5]}, unexpected "
-                    f"{extra[:5]}, (shape, dtype) mismatches {diffs[:5]}); nothing was sent, the worker keeps its "
-                    "previous weights")
+                    f"{where}: parameter tree differs from the engine's ({mismatch}); nothing was sent, the worker "
+                    "keeps its previous weights")
             from jaxrl.models.hf import to_hf_tensors
 
             return to_hf_tensors(nnx.merge(self._graphdef, params))

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-from functools import partial
 
 import jax
 import jax.numpy as jnp

@@ -22,57 +22,19 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from jaxrl.models.config import ModelConfig  # noqa: E402
 from jaxrl.models.decoder import Decoder  # noqa: E402
 from jaxrl.rollout import JaxSampler, RolloutEngine, SamplingParams  # noqa: E402
-from jaxrl.rollout.sampling import token_log_probs  # noqa: E402
 from jaxrl.rollout.vllm_engine import VllmEngine, WeightSyncError  # noqa: E402
-
-PAD, BOS, EOS = 0, 1, 2
-P, R = 32, 12
-PROMPTS = [[BOS, 5, 6, 7, 8, 9, 10, 11, 12, 13], [BOS, 40, 41], [BOS] + list(range(60, 80))]
-
-
-def _tiny_cfg(model_type: str) -> ModelConfig:
-    return ModelConfig(
-        model_type=model_type, vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=32, attention_bias=model_type == "qwen2",
-        qk_norm=model_type == "qwen3", bos_token_id=BOS, eos_token_id=(EOS,), pad_token_id=PAD,
-        max_position_embeddings=256, rope_theta=10000.0,
-        # Qwen3 tied like the real Qwen3-0.6B/1.7B (the CPU LM head needs a repack after each reload), Qwen2 untied.
-        tie_word_embeddings=model_type == "qwen3",
-    )
-
-
-def _scaled(state, scale: float, seed: int):
-    """Matrices times ``scale * (1 + 0.3 * noise)``: peaked next-token distributions (few near-ties)."""
-    leaves, tree = jax.tree.flatten(state)
-    keys = jax.random.split(jax.random.key(seed), len(leaves))
-    out = [x * scale * (1 + 0.3 * jax.random.normal(k, x.shape, x.dtype)) if x.ndim >= 2 else x
-           for x, k in zip(leaves, keys)]
-    return jax.tree.unflatten(tree, out)
-
-
-def _recompute_log_probs(graphdef, params, out, temperature: float) -> np.ndarray:
-    """The trainer's view: one full forward over [prompt | response], log_softmax(logits / T) at each response token."""
-    model = nnx.merge(graphdef, params)
-    ids = np.concatenate([out.prompt_ids, out.response_ids], axis=1)
-    mask = np.concatenate([out.prompt_mask, out.response_mask], axis=1)
-    pos = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
-    logits, _ = model(jnp.asarray(ids), jnp.asarray(pos), jnp.asarray(mask))
-    width = out.prompt_ids.shape[1]
-    pred = logits[:, width - 1: -1]  # position width-1+t predicts response token t
-    b, r, v = pred.shape
-    lp = token_log_probs(pred.reshape(b * r, v), jnp.asarray(out.response_ids).reshape(-1), temperature)
-    return np.asarray(lp).reshape(b, r) * out.response_mask
+from vllm_tiny import BOS, EOS, P, PAD, PROMPTS, R  # noqa: E402
+from vllm_tiny import assert_same_rollout, recompute_log_probs, scaled, tiny_cfg  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=["qwen2", "qwen3"])
 def tiny(request, tmp_path_factory):
-    cfg = _tiny_cfg(request.param)
+    cfg = tiny_cfg(request.param)
     model = Decoder(cfg, rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(model)
-    state = _scaled(state, 4.0, seed=1)
+    state = scaled(state, 4.0, seed=1)
     sampler = JaxSampler(cfg, graphdef, state, pad_token_id=PAD, eos_token_ids=(EOS,), max_prompt_length=P)
     engine = VllmEngine(
         cfg, graphdef, state, None, rollout_cfg={"seed": 0, "update_weights_timeout_s": 120.0},
@@ -82,15 +44,6 @@ def tiny(request, tmp_path_factory):
     engine.shutdown()
 
 
-def _assert_same_rollout(a, b, *, logprob_atol: float):
-    np.testing.assert_array_equal(a.prompt_ids, b.prompt_ids)
-    np.testing.assert_array_equal(a.prompt_mask, b.prompt_mask)
-    np.testing.assert_array_equal(a.response_mask, b.response_mask)
-    np.testing.assert_array_equal(a.response_ids, b.response_ids)
-    np.testing.assert_array_equal(a.prompt_index, b.prompt_index)
-    np.testing.assert_allclose(a.rollout_log_probs, b.rollout_log_probs, atol=logprob_atol, rtol=0)
-
-
 def test_greedy_matches_jax_sampler_and_follows_weight_syncs(tiny):
     cfg, graphdef, state, sampler, engine = tiny
     assert isinstance(engine, RolloutEngine)
@@ -98,19 +51,19 @@ def test_greedy_matches_jax_sampler_and_follows_weight_syncs(tiny):
     engine.update_weights(state)  # a sync of the initial weights (what the trainer does after resume)
     v0, j0 = engine.generate(PROMPTS, greedy), sampler.generate(PROMPTS, greedy)
     assert v0.response_ids.shape == (6, R) and v0.prompt_ids.shape == (6, P)
-    _assert_same_rollout(v0, j0, logprob_atol=1e-4)
+    assert_same_rollout(v0, j0, logprob_atol=1e-4)
 
-    new = _scaled(state, 1.0, seed=7)  # another policy: the engine must not keep the old weights
+    new = scaled(state, 1.0, seed=7)  # another policy: the engine must not keep the old weights
     engine.update_weights(new)
     sampler.update_weights(new)
     v1, j1 = engine.generate(PROMPTS, greedy), sampler.generate(PROMPTS, greedy)
-    _assert_same_rollout(v1, j1, logprob_atol=1e-4)
+    assert_same_rollout(v1, j1, logprob_atol=1e-4)
     assert not np.array_equal(v1.response_ids, v0.response_ids)
     assert engine.num_syncs == 2
 
     engine.update_weights(state)  # and back: identical to the first rollout (prefix cache was reset)
     sampler.update_weights(state)
-    _assert_same_rollout(engine.generate(PROMPTS, greedy), v0, logprob_atol=1e-5)
+    assert_same_rollout(engine.generate(PROMPTS, greedy), v0, logprob_atol=1e-5)
 
 
 def test_sampled_log_probs_match_trainer_recompute_and_seeds(tiny):
@@ -119,7 +72,7 @@ def test_sampled_log_probs_match_trainer_recompute_and_seeds(tiny):
     sp = SamplingParams(n=4, temperature=0.8, max_new_tokens=R)
     out = engine.generate(PROMPTS, sp, rng_seed=11)
     assert out.num_generated_tokens > 0
-    ref = _recompute_log_probs(graphdef, state, out, temperature=0.8)
+    ref = recompute_log_probs(graphdef, state, out, temperature=0.8)
     gap = float(np.max(np.abs(out.rollout_log_probs - ref)))
     print(f"vLLM vs trainer recompute, T=0.8: max |log-prob gap| = {gap:.2e} over {out.num_generated_tokens} tokens")
     assert gap < 1e-3, gap
@@ -142,7 +95,7 @@ def test_top_k_log_probs_are_renormalised_over_the_kept_tokens(tiny):
     cfg, graphdef, state, sampler, engine = tiny
     engine.update_weights(state)
     out = engine.generate(PROMPTS, SamplingParams(n=2, temperature=1.0, top_k=3, max_new_tokens=R), rng_seed=3)
-    ref = _recompute_log_probs(graphdef, state, out, temperature=1.0)
+    ref = recompute_log_probs(graphdef, state, out, temperature=1.0)
     m = out.response_mask.astype(bool)
     assert np.all(out.rollout_log_probs[m] >= ref[m] - 1e-4)
     print(f"top_k=3: vLLM minus un-truncated log-prob, max {np.max(out.rollout_log_probs[m] - ref[m]):.3f} nats")
@@ -166,7 +119,7 @@ def test_bad_weights_and_timeouts_raise_clear_errors(tiny):
     with pytest.raises(WeightSyncError, match=r"failed: ValueError: .*wrong shapes \['model.embed_tokens.weight: "
                                               r"expected \(256, 64\), got \(259, 64\)'\].*keeps its previous"):
         engine.load_hf_weights(hf)
-    _assert_same_rollout(engine.generate(PROMPTS, greedy), before, logprob_atol=1e-5)  # nothing was sent
+    assert_same_rollout(engine.generate(PROMPTS, greedy), before, logprob_atol=1e-5)  # nothing was sent
 
     engine.sync_timeout_s = 1e-4
     with pytest.raises(WeightSyncError, match=r"did not finish within 0.0001 s"):
@@ -175,7 +128,7 @@ def test_bad_weights_and_timeouts_raise_clear_errors(tiny):
         engine.generate(PROMPTS, greedy)
     engine.sync_timeout_s = 120.0
     engine.update_weights(state)  # waits for the timed-out sync, then recovers
-    _assert_same_rollout(engine.generate(PROMPTS, greedy), before, logprob_atol=1e-5)
+    assert_same_rollout(engine.generate(PROMPTS, greedy), before, logprob_atol=1e-5)
 
 
 def test_rejects_bad_requests(tiny):
@@ -227,20 +180,20 @@ def test_smollm2_greedy_matches_jax_sampler_across_syncs(shared, tmp_path):
     try:
         greedy = SamplingParams(do_sample=False, max_new_tokens=16)
         v0, j0 = engine.generate(prompts, greedy), sampler.generate(prompts, greedy)
-        _assert_same_rollout(v0, j0, logprob_atol=2e-3)
+        assert_same_rollout(v0, j0, logprob_atol=2e-3)
         gap0 = float(np.max(np.abs(v0.rollout_log_probs - j0.rollout_log_probs)))
 
         # Perturb every matrix by 2% noise: a different policy both engines must follow.
-        new = _scaled(state, 1.0, seed=5)
+        new = scaled(state, 1.0, seed=5)
         new = jax.tree.map(lambda a, b: a + (b - a) * 0.066, state, new)
         engine.update_weights(new)
         sampler.update_weights(new)
         v1, j1 = engine.generate(prompts, greedy), sampler.generate(prompts, greedy)
-        _assert_same_rollout(v1, j1, logprob_atol=2e-3)
+        assert_same_rollout(v1, j1, logprob_atol=2e-3)
         assert not np.allclose(v1.rollout_log_probs, v0.rollout_log_probs, atol=1e-3)
         sp = SamplingParams(n=2, temperature=1.0, max_new_tokens=16)
         s = engine.generate(prompts, sp, rng_seed=1)
-        gap = float(np.max(np.abs(s.rollout_log_probs - _recompute_log_probs(graphdef, new, s, 1.0))))
+        gap = float(np.max(np.abs(s.rollout_log_probs - recompute_log_probs(graphdef, new, s, 1.0))))
         print(f"SmolLM2-135M: greedy log-prob gap vs JaxSampler {gap0:.2e}; sampled vs trainer recompute {gap:.2e}")
         assert gap < 5e-3, gap
     finally:
@@ -252,9 +205,9 @@ def test_tensor_parallel_2_follows_syncs(model_type, tmp_path, monkeypatch):
     """tensor_model_parallel_size=2: vLLM starts two CPU workers (one core each, VLLM_CPU_OMP_THREADS_BIND), each
     cuts its own shard from the checkpoint-format tensors of every sync; greedy tokens equal the JAX sampler's."""
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # vLLM's CPU TP binds one worker per core/NUMA node
-    cfg = _tiny_cfg(model_type)
+    cfg = tiny_cfg(model_type)
     graphdef, state = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
-    state = _scaled(state, 4.0, seed=1)
+    state = scaled(state, 4.0, seed=1)
     sampler = JaxSampler(cfg, graphdef, state, pad_token_id=PAD, eos_token_ids=(EOS,), max_prompt_length=P)
     engine = VllmEngine(
         cfg, graphdef, state, None, rollout_cfg={"seed": 0, "tensor_model_parallel_size": 2,
@@ -264,13 +217,13 @@ def test_tensor_parallel_2_follows_syncs(model_type, tmp_path, monkeypatch):
     try:
         assert "tp=2" in engine.engine_name
         greedy = SamplingParams(n=2, do_sample=False, max_new_tokens=R)
-        _assert_same_rollout(engine.generate(PROMPTS, greedy), sampler.generate(PROMPTS, greedy), logprob_atol=1e-4)
-        new = _scaled(state, 1.0, seed=7)
+        assert_same_rollout(engine.generate(PROMPTS, greedy), sampler.generate(PROMPTS, greedy), logprob_atol=1e-4)
+        new = scaled(state, 1.0, seed=7)
         before = engine.generate(PROMPTS, greedy)
         engine.update_weights(new)
         sampler.update_weights(new)
         after = engine.generate(PROMPTS, greedy)
-        _assert_same_rollout(after, sampler.generate(PROMPTS, greedy), logprob_atol=1e-4)
+        assert_same_rollout(after, sampler.generate(PROMPTS, greedy), logprob_atol=1e-4)
         assert not np.array_equal(after.response_ids, before.response_ids)
     finally:
         engine.shutdown()

@@ -26,56 +26,15 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from jaxrl.models.config import ModelConfig  # noqa: E402
 from jaxrl.models.decoder import Decoder  # noqa: E402
 from jaxrl.models.hf import to_hf_tensors  # noqa: E402
 from jaxrl.rollout import JaxSampler, RolloutEngine, SamplingParams  # noqa: E402
-from jaxrl.rollout.sampling import token_log_probs  # noqa: E402
 from jaxrl.rollout.vllm_worker import VllmWorkerEngine, VllmWorkerError, WeightSyncError  # noqa: E402
+from vllm_tiny import BOS, EOS, P, PAD, PROMPTS, R  # noqa: E402
+from vllm_tiny import assert_same_rollout, recompute_log_probs, scaled, tiny_cfg  # noqa: E402
 
-PAD, BOS, EOS = 0, 1, 2
-P, R = 32, 12
-PROMPTS = [[BOS, 5, 6, 7, 8, 9, 10, 11, 12, 13], [BOS, 40, 41], [BOS] + list(range(60, 80))]
 GREEDY = SamplingParams(n=2, do_sample=False, max_new_tokens=R)
 KEY = "actor_rollout_ref.rollout.update_weights_timeout_s"
-
-
-def _tiny_cfg() -> ModelConfig:
-    return ModelConfig(
-        model_type="qwen2", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=32, attention_bias=True, qk_norm=False,
-        bos_token_id=BOS, eos_token_id=(EOS,), pad_token_id=PAD, max_position_embeddings=256, rope_theta=10000.0,
-        tie_word_embeddings=False,
-    )
-
-
-def _scaled(state, scale: float, seed: int):
-    """Matrices times ``scale * (1 + 0.3 * noise)``: peaked next-token distributions (few near-ties)."""
-    leaves, tree = jax.tree.flatten(state)
-    keys = jax.random.split(jax.random.key(seed), len(leaves))
-    out = [x * scale * (1 + 0.3 * jax.random.normal(k, x.shape, x.dtype)) if x.ndim >= 2 else x
-           for x, k in zip(leaves, keys)]
-    return jax.tree.unflatten(tree, out)
-
-
-def _recompute_log_probs(graphdef, params, out, temperature: float) -> np.ndarray:
-    """The trainer's view: one full forward over [prompt | response], log_softmax(logits / T) per response token."""
-    model = nnx.merge(graphdef, params)
-    ids = np.concatenate([out.prompt_ids, out.response_ids], axis=1)
-    mask = np.concatenate([out.prompt_mask, out.response_mask], axis=1)
-    pos = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
-    logits, _ = model(jnp.asarray(ids), jnp.asarray(pos), jnp.asarray(mask))
-    width = out.prompt_ids.shape[1]
-    pred = logits[:, width - 1: -1]
-    b, r, v = pred.shape
-    lp = token_log_probs(pred.reshape(b * r, v), jnp.asarray(out.response_ids).reshape(-1), temperature)
-    return np.asarray(lp).reshape(b, r) * out.response_mask
-
-
-def _assert_same_rollout(a, b, *, logprob_atol: float):
-    for name in ("prompt_ids", "prompt_mask", "response_mask", "response_ids", "prompt_index"):
-        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
-    np.testing.assert_allclose(a.rollout_log_probs, b.rollout_log_probs, atol=logprob_atol, rtol=0)
 
 
 def _shm_exists(name: str) -> bool:
@@ -89,9 +48,9 @@ def _shm_exists(name: str) -> bool:
 
 @pytest.fixture(scope="module")
 def setup():
-    cfg = _tiny_cfg()
+    cfg = tiny_cfg("qwen2")
     graphdef, state = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
-    state = _scaled(state, 4.0, seed=1)
+    state = scaled(state, 4.0, seed=1)
     sampler = JaxSampler(cfg, graphdef, state, pad_token_id=PAD, eos_token_ids=(EOS,), max_prompt_length=P)
     return cfg, graphdef, state, sampler
 
@@ -116,13 +75,13 @@ def test_greedy_matches_jax_sampler_and_follows_weight_syncs(setup, worker):
     sampler.update_weights(state)
     v0, j0 = worker.generate(PROMPTS, GREEDY), sampler.generate(PROMPTS, GREEDY)
     assert isinstance(v0.response_ids, np.ndarray) and v0.response_ids.shape == (6, R)
-    _assert_same_rollout(v0, j0, logprob_atol=1e-4)
+    assert_same_rollout(v0, j0, logprob_atol=1e-4)
 
-    new = _scaled(state, 1.0, seed=7)  # another policy: the worker must not keep the old weights
+    new = scaled(state, 1.0, seed=7)  # another policy: the worker must not keep the old weights
     worker.update_weights(new)  # nnx.State path
     sampler.update_weights(new)
     v1, j1 = worker.generate(PROMPTS, GREEDY), sampler.generate(PROMPTS, GREEDY)
-    _assert_same_rollout(v1, j1, logprob_atol=1e-4)
+    assert_same_rollout(v1, j1, logprob_atol=1e-4)
     assert not np.array_equal(v1.response_ids, v0.response_ids)
     assert worker.num_syncs == 1
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state))
@@ -132,7 +91,7 @@ def test_greedy_matches_jax_sampler_and_follows_weight_syncs(setup, worker):
     hf = {k: jnp.asarray(v) for k, v in to_hf_tensors(nnx.merge(graphdef, state)).items()}
     worker.update_weights(hf)
     sampler.update_weights(state)
-    _assert_same_rollout(worker.generate(PROMPTS, GREEDY), v0, logprob_atol=1e-5)
+    assert_same_rollout(worker.generate(PROMPTS, GREEDY), v0, logprob_atol=1e-5)
     assert worker.num_syncs == 2
 
 
@@ -141,7 +100,7 @@ def test_sampled_log_probs_match_jax_sampler_and_trainer_recompute(setup, worker
     sp = SamplingParams(n=4, temperature=0.8, max_new_tokens=R)
     out = worker.generate(PROMPTS, sp, rng_seed=11)
     assert out.num_generated_tokens > 0
-    ref = _recompute_log_probs(graphdef, state, out, temperature=0.8)
+    ref = recompute_log_probs(graphdef, state, out, temperature=0.8)
     gap = float(np.max(np.abs(out.rollout_log_probs - ref)))
     print(f"worker vs trainer recompute, T=0.8: max |log-prob gap| = {gap:.2e} over {out.num_generated_tokens} tokens")
     assert gap < 1e-4, gap
@@ -190,7 +149,7 @@ def test_bad_weights_raise_and_the_worker_keeps_working(setup, worker):
     with pytest.raises(WeightSyncError, match=r"parameter tree differs.*norm.*keeps its previous weights"):
         worker.update_weights(jax.tree_util.tree_map_with_path(widen_final_norm, state))
     assert (worker.num_syncs, worker.last_sync_bytes) == (syncs, sent)
-    _assert_same_rollout(worker.generate(PROMPTS, GREEDY), before, logprob_atol=1e-5)
+    assert_same_rollout(worker.generate(PROMPTS, GREEDY), before, logprob_atol=1e-5)
 
 
 def test_sync_timeout_refuses_generate_until_a_sync_succeeds(setup, worker, caplog):
@@ -199,7 +158,7 @@ def test_sync_timeout_refuses_generate_until_a_sync_succeeds(setup, worker, capl
     syncs = worker.num_syncs
     worker.sync_timeout_s = 1e-3  # conversion alone takes longer; the child's reload takes far longer
     with pytest.raises(WeightSyncError, match=rf"did not finish within 0.001 s \({KEY}\)"):
-        worker.update_weights(_scaled(state, 1.0, seed=3))
+        worker.update_weights(scaled(state, 1.0, seed=3))
     assert worker.num_syncs == syncs
     with pytest.raises(WeightSyncError, match="timed out; refusing to generate"):
         worker.generate(PROMPTS, GREEDY)
@@ -208,7 +167,7 @@ def test_sync_timeout_refuses_generate_until_a_sync_succeeds(setup, worker, capl
         worker.update_weights(state)  # waits for the late sync, then loads the original weights again
     assert "finished late" in caplog.text  # the timed-out load really was still running in the child
     assert worker.num_syncs == syncs + 1
-    _assert_same_rollout(worker.generate(PROMPTS, GREEDY), before, logprob_atol=1e-5)
+    assert_same_rollout(worker.generate(PROMPTS, GREEDY), before, logprob_atol=1e-5)
 
 
 def test_startup_failure_reports_the_child_exception(setup, tmp_path):
