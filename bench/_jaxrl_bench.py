@@ -42,24 +42,11 @@ def ensure_mid_qwen2(force: bool = False) -> Path:
     1536, 8 layers, 8 heads / 2 kv heads, head_dim 64, tied embeddings) and SmolLM2's tokenizer and vocabulary
     (49152), i.e. ``tiny-qwen2`` scaled up; about 50 M parameters of which 25 M are the embedding.
     """
-    from bench.models import MODELS_DIR, ensure_models
+    from bench.models import MODELS_DIR, build_random_qwen2, complete
 
     out = MODELS_DIR / "mid-qwen2"
-    if not force and all((out / f).is_file() for f in ("config.json", "model.safetensors", "tokenizer.json")):
-        return out
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from jaxrl.models.tokenizer import load_tokenizer
-
-    tok = load_tokenizer(str(ensure_models(["tiny-qwen2"])["tiny-qwen2"]))
-    cfg = Qwen2Config(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id, **MID_QWEN2)
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(cfg).to(torch.float32)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out), safe_serialization=True)
-    tok.save_pretrained(str(out))
+    if force or not complete(out):
+        build_random_qwen2(out, MID_QWEN2)
     return out
 
 

@@ -39,12 +39,19 @@ def _smollm2_gguf() -> Path:
     return p
 
 
-def _complete(d: Path) -> bool:
+def complete(d: Path) -> bool:
+    """True when ``d`` holds a whole benchmark model (config, weights, tokenizer)."""
     return (d / "config.json").is_file() and (d / "model.safetensors").is_file() and (d / "tokenizer.json").is_file()
 
 
 def build_tiny_qwen2(out: Path) -> Path:
     """Write the tiny random Qwen2 (see module docstring) to ``out``; returns ``out``."""
+    return build_random_qwen2(out, TINY_QWEN2)
+
+
+def build_random_qwen2(out: Path, arch: dict) -> Path:
+    """A randomly initialised ``Qwen2ForCausalLM`` (seed 0, float32) with the ``Qwen2Config`` fields ``arch`` and
+    SmolLM2's tokenizer and vocabulary, written to ``out`` with its tokenizer; returns ``out``."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -52,7 +59,7 @@ def build_tiny_qwen2(out: Path) -> Path:
 
     tok = load_tokenizer(str(_smollm2_gguf()))
     cfg = Qwen2Config(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id, **TINY_QWEN2)
+                      pad_token_id=tok.pad_token_id, **arch)
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(cfg).to(torch.float32)
     out.mkdir(parents=True, exist_ok=True)
@@ -83,7 +90,7 @@ def ensure_models(names=MODEL_NAMES, force: bool = False) -> dict[str, Path]:
         if name not in builders:
             raise ValueError(f"unknown benchmark model {name!r}; valid: {', '.join(MODEL_NAMES)}")
         d = MODELS_DIR / name
-        if force or not _complete(d):
+        if force or not complete(d):
             builders[name](d)
         out[name] = d
     return out

@@ -21,6 +21,7 @@ Every peer script writes JSON: ``{"framework", "version", "model", "steps": [{"s
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 NUM_PROMPTS = 8
@@ -65,3 +66,23 @@ def reward(completion: str) -> float:
     """Distinct-word ratio of ``completion`` in [0, 1]: ``len(set(words)) / max(1, len(words))``."""
     words = completion.split()
     return len(set(words)) / max(1, len(words))
+
+
+def write_result(out: Path, framework: str, version: str | None, model: str, steps: list[dict], notes: list[str],
+                 error: str | None = None) -> None:
+    """Write one peer's result JSON in the schema above to ``out`` (parents created) and print a summary line.
+
+    Args:
+      out: the JSON path the harness passed as ``--out``.
+      framework, version, model: identify the run; ``steps``: the step records; ``notes``: free text.
+      error: the failure message when the run failed (then ``steps`` may be empty).
+    """
+    result = {"framework": framework, "version": version, "model": model, "steps": steps, "notes": notes}
+    if error is not None:
+        result["error"] = error
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    if steps:
+        med = statistics.median(s["total_s"] for s in steps)
+        print(f"{framework}_grpo: {len(steps)} steps, total_s {[round(s['total_s'], 3) for s in steps]} "
+              f"(median {med:.3f} s) -> {out}", flush=True)

@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -61,13 +60,6 @@ def write_dataset(path: Path) -> int:
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return len(rows)
-
-
-def ignore_eos_supported() -> bool:
-    """True when this jaxrl's config schema has ``actor_rollout_ref.rollout.ignore_eos``."""
-    from jaxrl.config.schema import valid_keys
-
-    return IGNORE_EOS_KEY in valid_keys()
 
 
 def overrides(model_dir: Path, run_dir: Path, steps: int, *, ignore_eos: bool, old_pass: bool = True) -> list[str]:
@@ -161,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=W.WARMUP_STEPS + W.MEASURED_STEPS,
                    help="GRPO steps in all, warm-up included (default %(default)s)")
     p.add_argument("--out", required=True, type=Path, help="result JSON file (workload schema)")
-    p.add_argument("--ignore-eos", choices=("auto", "on", "off"), default="auto",
-                   help="pass rollout.ignore_eos=true: auto = when jaxrl's schema has the key (default)")
+    p.add_argument("--ignore-eos", choices=("on", "off"), default="on",
+                   help="pass rollout.ignore_eos=true so every response has the workload's length (default on)")
     p.add_argument("--no-old-log-prob", action="store_true",
                    help="actor_rollout_ref.actor.recompute_old_log_prob=false: no separate old-log-prob pass "
                         "(what TRL and Tunix do with num_iterations=1)")
@@ -175,10 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--model-dir {str(model_dir)!r} is not a Hugging Face model directory (no config.json)")
 
     notes: list[str] = []
-    supported = ignore_eos_supported()
-    if args.ignore_eos == "on" and not supported:
-        p.error(f"--ignore-eos on, but this jaxrl's config has no {IGNORE_EOS_KEY}")
-    ignore_eos = supported if args.ignore_eos == "auto" else args.ignore_eos == "on"
+    ignore_eos = args.ignore_eos == "on"
     if not ignore_eos:
         notes.append(f"{IGNORE_EOS_KEY} not set: responses may end at EOS before {W.RESPONSE_LENGTH} tokens")
 
@@ -223,18 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     notes.append("total_s = timing_s/step: gen + reward + old_log_prob + adv + update_actor + sync "
                  "(no ref: KL off)" + ("; recompute_old_log_prob=false: no old_log_prob phase" if args.no_old_log_prob
                                        else ""))
-    result = {
-        "framework": "jaxrl",
-        "version": f"jaxrl {jaxrl.__version__}",
-        "model": args.model_name,
-        "steps": steps,
-        "notes": notes,
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    med = statistics.median(s["total_s"] for s in steps)
-    print(f"jaxrl_grpo: {len(steps)} steps, total_s {[round(s['total_s'], 3) for s in steps]} "
-          f"(median {med:.3f} s) -> {out}")
+    W.write_result(out, "jaxrl", f"jaxrl {jaxrl.__version__}", args.model_name, steps, notes)
     return 0
 
 

@@ -28,7 +28,6 @@ the first ``bench.workload.WARMUP_STEPS``).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -258,18 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_prompt_length: TRL 1.x has no such option; all 8 prompts are <= 24 tokens, under the workload's 64",
         f"process wall {wall:.1f} s (trainer build incl. model load {t_built - t0:.1f} s)",
     ]
-    result = {
-        "framework": "trl",
-        "version": f"trl {trl.__version__}",
-        "model": args.model_name,
-        "steps": steps,
-        "notes": notes,
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    med = statistics.median(s["total_s"] for s in steps)
-    print(f"trl_grpo: {len(steps)} steps, total_s {[round(s['total_s'], 3) for s in steps]} "
-          f"(median {med:.3f} s) -> {out}")
+    W.write_result(out, "trl", f"trl {trl.__version__}", args.model_name, steps, notes)
     return 0
 
 

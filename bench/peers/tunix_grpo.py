@@ -334,7 +334,7 @@ def run(model_dir: Path, model_name: str, steps: int) -> dict:
         f"train {t_done - t_ready:.1f} s",
     ]
     return {"framework": "tunix", "version": _version("google-tunix"), "model": model_name,
-            "steps": times.steps, "notes": notes}
+            "steps": times.steps, "notes": notes}  # write_result's keyword arguments
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -346,16 +346,13 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.steps < 1:
         p.error(f"--steps must be >= 1, got {a.steps}")
-    a.out.parent.mkdir(parents=True, exist_ok=True)
     try:
         result = run(a.model_dir.resolve(), a.model_name, a.steps)
     except Exception as e:  # noqa: BLE001 - the harness reads the error from the JSON
         traceback.print_exc()
-        result = {"framework": "tunix", "version": _version("google-tunix"), "model": a.model_name, "steps": [],
-                  "notes": [], "error": f"{type(e).__name__}: {e}"}
-        a.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        W.write_result(a.out, "tunix", _version("google-tunix"), a.model_name, [], [], error=f"{type(e).__name__}: {e}")
         return 1
-    a.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    W.write_result(a.out, **result)
     for s in result["steps"]:
         print(f"[tunix_grpo] {a.model_name} step {s['step']}: total {s['total_s']:.3f} s, gen {s['gen_s']:.3f} s, "
               f"update {s['update_s']:.3f} s, tokens {s['response_tokens']}", flush=True)
