@@ -4,8 +4,14 @@ The config is loaded and validated before jax (or anything heavy) is imported, s
 fails in well under a second. Overrides use verl's spelling (``actor_rollout_ref.actor.optim.lr=1e-6``),
 so a verl ``main_ppo`` command line works with the module name swapped.
 
-Exit status: 0 on success (``--print-config`` prints the resolved YAML to stdout), 2 on a config
-or usage error (message on stderr, prefixed ``jaxrl: config error:``).
+Exit status (one-line message on stderr, ``jaxrl: error: ...`` / ``jaxrl: config error: ...``):
+
+* 0: success (``--print-config`` prints the resolved YAML to stdout);
+* 1: a runtime failure: a missing or unreadable model, data file or ``trainer.resume_from_path``, diverged
+  training, a failed weight sync, no readable checkpoint to resume from, or a final checkpoint that could not be
+  saved (the message names the newest complete checkpoint);
+* 2: a config or usage error, including a run folder (``trainer.default_local_dir``) in use by another run and a
+  checkpoint written by an incompatible configuration (the message lists what changed and the ways out).
 """
 
 from __future__ import annotations
@@ -77,13 +83,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(config_to_yaml(loaded.config))
         sys.stdout.flush()
         return 0
+    from jaxrl.checkpoint import CheckpointIncompatibleError, CheckpointRestoreError, CheckpointSaveError
     from jaxrl.data.sources import DataFileError
     from jaxrl.rollout.base import WeightSyncError
+    from jaxrl.runlock import RunLockError
     from jaxrl.trainer import NonFiniteTrainingError, run_training  # heavy (jax); only after the config is valid
 
     try:
         run_training(loaded.config)
-    except (FileNotFoundError, DataFileError, NonFiniteTrainingError) as e:  # names the culprit and the fix
+    except (RunLockError, CheckpointIncompatibleError) as e:  # this folder cannot take this run: usage error
+        print(f"jaxrl: error: {e}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, DataFileError, NonFiniteTrainingError, CheckpointRestoreError,
+            CheckpointSaveError) as e:  # names the culprit and the fix (a failed final save: the newest checkpoint)
         print(f"jaxrl: error: {e}", file=sys.stderr)
         return 1
     except WeightSyncError as e:  # the rollout engine could not take the new weights: stop, keep the checkpoints

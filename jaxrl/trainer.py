@@ -51,6 +51,8 @@ class Components:
     critic: object | None = None
     placement: object | None = None  # jaxrl.workers.placement.Placement; None = every role on one device
     translator: object | None = None  # sharding.Translator actor params -> rollout layout (a placement, or vLLM)
+    lock: object | None = None  # jaxrl.runlock.RunLock on out_dir, held until run_training ends
+    resume_from: tuple | None = None  # find_resume_checkpoint's answer: (root, step | None), or None = fresh start
 
 
 def _sampling_params(rollout_cfg, max_new_tokens: int, *, validation: bool, seed: int):
@@ -152,6 +154,7 @@ class Trainer:
         self.kl_ctrl = get_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
         self.step = 0
         self.nonfinite_in_a_row = 0
+        self._fingerprint: dict | None = None  # see fingerprint()
 
     # -- one RL step -----------------------------------------------------------------------------------------
 
@@ -401,15 +404,41 @@ class Trainer:
                         self.save_checkpoint()
                     bar.set_postfix(score=f"{last['critic/score/mean']:.3f}")
                     bar.update(1)
+                final = self.step if self._save_due() else None  # the save that ends the run, if any
                 if stop.is_set():
                     log.warning("SIGTERM: stopping after step %d", self.step)
-                    if not self._save_due():
+                    if final is None:
                         self.save_checkpoint()
+                        final = self.step
+                self._confirm_final_save(final)
+                if stop.is_set():
                     log.warning("rerun the same command to resume from step %d", self.step)
             finally:
                 bar.close()
-                c.store.close()  # waits for an asynchronous save; raises its error if it failed
+                c.store.close()  # waits for an asynchronous save (a failure is logged), ends orbax's threads
         return last
+
+    def _confirm_final_save(self, step: int | None) -> None:
+        """Wait for the checkpoint saves; raise CheckpointSaveError if the run's final checkpoint ``step`` (the last
+        step's or the SIGTERM one) is not complete on disk, naming the newest complete checkpoint."""
+        from jaxrl.checkpoint import CheckpointSaveError
+
+        store = self.c.store
+        try:
+            store.wait()
+        except CheckpointSaveError:
+            pass  # logged and recorded in store.save_errors by the store
+        if step is None or step in store.steps():
+            return
+        err = store.save_errors.get(step)
+        reason = err.reason if err is not None else "it is not on disk"
+        newest = store.latest_step()
+        where = (f"the newest complete checkpoint is {store.step_path(newest)} (step {newest})" if newest is not None
+                 else f"no complete checkpoint exists in {store.directory}")
+        raise CheckpointSaveError(
+            f"the final checkpoint (step {step}) was not saved: {reason}; {where}; fix the cause (e.g. free disk "
+            "space) and rerun the same command to resume from it",
+            step=step, directory=store.directory, reason=reason)
 
     def _step_validate_log(self) -> dict[str, float]:
         """One training step, then validation when due, then logging."""
@@ -469,10 +498,65 @@ class Trainer:
         }
         if c.critic is not None:
             meta["critic"] = {"num_updates": c.critic.num_updates, "rng": c.critic.rng.bit_generator.state}
+        meta["fingerprint"] = self.fingerprint()
         return meta
 
+    def fingerprint(self) -> dict:
+        """What a checkpoint of this run needs in a run that resumes it (:mod:`jaxrl.fingerprint`): the model
+        config, trained roles, array shapes/dtypes and the data settings the iterator position depends on.
+        Constant over a run (computed once)."""
+        if self._fingerprint is None:
+            from jaxrl.fingerprint import fingerprint
+
+            c, d = self.c, self.c.cfg.data
+            state = c.train_data.get_state()
+            arrays = self.state_arrays()
+            data = {
+                self._batch_key(): state["batch_size"], "data.seed": state["seed"], "data.shuffle": state["shuffle"],
+                "data.drop_last": state["drop_last"], "data.num_prompts": state["num_rows"],
+                "data.prompts_sha256": c.train_data.prompts_digest(),
+            }
+            model = c.cfg.actor_rollout_ref.model
+            context = {
+                "data.train_files": d.train_files, "data.train_max_samples": d.train_max_samples,
+                "data.max_prompt_length": d.max_prompt_length, "data.filter_overlong_prompts": d.filter_overlong_prompts,
+                "data.truncation": d.truncation, "data.prompt_key": d.prompt_key,
+                "actor_rollout_ref.model.path": model.path, "actor_rollout_ref.model.tokenizer_path": model.tokenizer_path,
+            }
+            self._fingerprint = fingerprint(model=c.model_meta, roles=list(arrays), arrays=arrays, data=data,
+                                            context=context)
+        return self._fingerprint
+
+    def _batch_key(self) -> str:
+        """The config key of the prompt pipeline's batch size (DAPO dynamic sampling reads gen_batch_size)."""
+        return "data.gen_batch_size" if self.c.cfg.algorithm.filter_groups.enable else "data.train_batch_size"
+
+    def _check_resumable(self, step: int, meta: dict) -> None:
+        """Raise CheckpointIncompatibleError when checkpoint ``step`` was written by an incompatible configuration.
+
+        Checkpoints with a fingerprint are compared on all of it; older ones on what their meta holds (model
+        config, roles, data-iterator settings; the store then compares the array shapes orbax stored).
+        """
+        from jaxrl.checkpoint import CheckpointIncompatibleError
+        from jaxrl.fingerprint import differences, legacy_fingerprint, summary
+
+        now = self.fingerprint()
+        saved = meta.get("fingerprint")
+        if isinstance(saved, dict):
+            diffs = differences(saved, now)
+        else:
+            diffs = differences(legacy_fingerprint(meta, array_signatures=None, batch_key=self._batch_key()), now,
+                                only_common=True)
+        if diffs:
+            raise CheckpointIncompatibleError(f"written by another configuration: {summary(diffs)}", step=step,
+                                              path=self.c.store.step_path(step), differences=diffs)
+
     def save_checkpoint(self) -> bool:
-        """Save the full training state at the current step; a failed save is logged, training goes on."""
+        """Save the full training state at the current step; a failed save is logged, training goes on.
+
+        Every call attempts its own save (an earlier asynchronous failure does not block it); whether the run's
+        final checkpoint made it to disk is checked by :meth:`fit`.
+        """
         from jaxrl.checkpoint import CheckpointSaveError
 
         try:
@@ -482,17 +566,41 @@ class Trainer:
             return False
 
     def resume(self) -> bool:
-        """Restore the newest complete checkpoint per ``trainer.resume_mode``; True if one was restored."""
-        from jaxrl.checkpoint import CheckpointStore, find_resume_checkpoint
+        """Restore the checkpoint ``trainer.resume_mode`` names (``Components.resume_from``); True if one was.
 
-        c, t = self.c, self.c.cfg.trainer
-        found = find_resume_checkpoint(t.resume_mode, c.out_dir, t.resume_from_path)
-        if found is None:
+        The candidate's fingerprint is compared with this run's before any array is read; a corrupt newest
+        checkpoint in the run folder is moved aside and the previous one used. Checkpoints in the run folder
+        that this run would otherwise collide with (a fresh start, or newer than the step resumed) are moved
+        aside as ``.superseded-<ts>`` (kept).
+
+        Raises:
+          CheckpointIncompatibleError: the checkpoint was written by an incompatible configuration (the message
+            lists each change and the two ways out); nothing was restored or moved.
+          CheckpointRestoreError: no checkpoint could be read.
+        """
+        from jaxrl.checkpoint import CheckpointIncompatibleError, CheckpointStore
+
+        c = self.c
+        if c.resume_from is None:
+            c.store.supersede_after(None)
             return False
-        root, step = found
-        store = c.store if Path(root).resolve() == c.out_dir.resolve() else CheckpointStore(
-            root, max_to_keep=None, read_only=True)
-        step, arrays, meta = store.restore(step, like=self.state_arrays())
+        root, step = c.resume_from
+        own = Path(root).resolve() == c.out_dir.resolve()
+        store = c.store if own else CheckpointStore(root, max_to_keep=None, read_only=True)
+        try:
+            step, arrays, meta = store.restore(step, like=self.state_arrays(), check=self._check_resumable)
+        except CheckpointIncompatibleError as e:
+            from jaxrl.fingerprint import summary
+
+            raise CheckpointIncompatibleError(
+                f"cannot resume from {e.path}: it was written by a run with another configuration: "
+                f"{summary(e.differences)}. Either start over with trainer.resume_mode=disable (this folder's "
+                "checkpoints are then moved aside, not deleted) or set another trainer.default_local_dir",
+                step=e.step, path=e.path, differences=e.differences) from None
+        finally:
+            if not own:
+                store.close()
+        c.store.supersede_after(step if own else None)
         c.actor.params, c.actor.opt_state = arrays["actor"]["params"], arrays["actor"]["opt_state"]
         c.actor.num_updates = meta["actor"]["num_updates"]
         c.actor.rng.bit_generator.state = meta["actor"]["rng"]
@@ -501,7 +609,7 @@ class Trainer:
             c.critic.num_updates = meta["critic"]["num_updates"]
             c.critic.rng.bit_generator.state = meta["critic"]["rng"]
         c.train_data.set_state(meta["data_state"])
-        self.kl_ctrl = type(self.kl_ctrl)(**meta["kl_ctrl"])
+        self.kl_ctrl = self.kl_ctrl._replace(value=meta["kl_ctrl"]["value"])  # target/horizon: this run's config
         self.step = step
         self.sync_rollout()  # the params were restored onto the train shardings (like=state_arrays())
         c.logger.truncate_after(step)  # steps logged after this checkpoint will be logged again
@@ -544,9 +652,31 @@ def _jnp_dtype(name: str):
 def build(cfg) -> Components:
     """Construct every role of a run from a validated config (heavy imports happen here).
 
-    The device placement (``trainer.mesh`` / ``placement``) is checked first and data files are read next, so a
-    mesh that does not fit the devices or a missing or malformed file fails before the (slow) model load.
+    First of all the run folder (``trainer.default_local_dir``) is locked (:class:`jaxrl.runlock.RunLock`: a
+    second run there fails at once) and the checkpoint to resume from is located (a missing
+    ``trainer.resume_from_path`` fails here). The device placement (``trainer.mesh`` / ``placement``) is checked
+    next and data files are read after it, so a mesh that does not fit the devices or a missing or malformed file
+    fails before the (slow) model load. The lock is released by :func:`run_training` (or here, if building fails).
+
+    Raises:
+      jaxrl.runlock.RunLockError: another run holds the folder.
     """
+    from jaxrl.checkpoint import find_resume_checkpoint
+    from jaxrl.runlock import RunLock
+
+    out_dir = Path(cfg.trainer.default_local_dir)
+    lock = RunLock(out_dir).acquire()  # before any write into the folder (multi-process: the primary only)
+    try:
+        t = cfg.trainer
+        resume_from = find_resume_checkpoint(t.resume_mode, out_dir, t.resume_from_path)
+        return dataclasses.replace(_build_components(cfg, out_dir), lock=lock, resume_from=resume_from)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _build_components(cfg, out_dir: Path) -> Components:
+    """:func:`build` after the lock: every role, the metrics logger and the checkpoint store."""
     from flax import nnx
 
     from jaxrl.checkpoint import CheckpointStore, max_to_keep_from_config, model_meta
@@ -557,8 +687,6 @@ def build(cfg) -> Components:
     placement = placement_from_config(cfg)  # device counts checked before anything slow
     if placement is not None:
         log.info("placement %s", placement.describe())
-    out_dir = Path(cfg.trainer.default_local_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
 
     train_rows, val_rows = _read_rows(cfg.data)
     pre, tokenizer = _load_policy(arr.model)
@@ -582,7 +710,11 @@ def build(cfg) -> Components:
             cfg.trainer.max_actor_ckpt_to_keep, cfg.trainer.max_critic_ckpt_to_keep, has_critic=critic is not None
         ),
     )
-    store.save_tokenizer(tokenizer)
+    try:
+        store.save_tokenizer(tokenizer)
+    except BaseException:
+        store.close()  # ends orbax's background threads before the error propagates
+        raise
     return Components(
         cfg=cfg, tokenizer=tokenizer, model_cfg=pre.config, actor=actor, ref=ref, rollout=rollout, reward=reward,
         train_data=train_data, val_rows=val_examples, logger=logger, out_dir=out_dir, total_training_steps=total,
@@ -776,27 +908,32 @@ def run_training(cfg) -> dict[str, float]:
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's per-save progress lines
     t0 = time.perf_counter()
     c = build(cfg)
-    log.info(
-        "run: %d steps, %d prompts x n=%d per step, output in %s",
-        c.total_training_steps, cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n, c.out_dir,
-    )
-    trainer = Trainer(c)
     try:
-        last = trainer.fit()
+        log.info(
+            "run: %d steps, %d prompts x n=%d per step, output in %s",
+            c.total_training_steps, cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n, c.out_dir,
+        )
+        trainer = Trainer(c)
+        try:
+            last = trainer.fit()
+        finally:
+            c.logger.close()
+            shutdown = getattr(c.rollout, "shutdown", None)  # vLLM: its engine (and worker process, if any)
+            if shutdown is not None:
+                shutdown()
+        if c.logger.jsonl_path.exists():
+            png = plot_rewards(c.logger.jsonl_path, c.out_dir / "reward.png")
+            log.info("reward plot: %s", png)
+        from flax import nnx
+
+        from jaxrl.models.hf import save_hf
+
+        export_dir = c.out_dir / "hf_model"
+        save_hf(nnx.merge(c.actor.graphdef, c.actor.params), c.model_cfg, export_dir, tokenizer=c.tokenizer)
+        log.info("final model exported to %s (load with transformers or jaxrl.generate --model)", export_dir)
+        log.info("done in %.1f s", time.perf_counter() - t0)
+        return last
     finally:
-        c.logger.close()
-        shutdown = getattr(c.rollout, "shutdown", None)  # vLLM: its engine (and worker process, if any)
-        if shutdown is not None:
-            shutdown()
-    if c.logger.jsonl_path.exists():
-        png = plot_rewards(c.logger.jsonl_path, c.out_dir / "reward.png")
-        log.info("reward plot: %s", png)
-    from flax import nnx
-
-    from jaxrl.models.hf import save_hf
-
-    export_dir = c.out_dir / "hf_model"
-    save_hf(nnx.merge(c.actor.graphdef, c.actor.params), c.model_cfg, export_dir, tokenizer=c.tokenizer)
-    log.info("final model exported to %s (load with transformers or jaxrl.generate --model)", export_dir)
-    log.info("done in %.1f s", time.perf_counter() - t0)
-    return last
+        c.store.close()  # idempotent; also on errors, so orbax's threads never outlive the run
+        if c.lock is not None:
+            c.lock.release()

@@ -14,6 +14,7 @@ jaxrl.data`` exposes it lazily) so that ``jaxrl.data.sources`` / ``jaxrl.data.pr
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from collections.abc import Iterator, Mapping
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grain
+import numpy as np
 
 logger = logging.getLogger(__name__)
 
@@ -324,6 +326,19 @@ class PromptPipeline:
             "batch_size": self.batch_size,
             "drop_last": self.drop_last,
         }
+
+    def prompts_digest(self) -> str:
+        """SHA-256 (hex) of the kept prompts' token ids in dataset order.
+
+        Two pipelines with the same digest, ``seed``, ``shuffle`` and ``batch_size`` serve the same batches from
+        the same :meth:`get_state`; the digest changes with the data files' content, ``max_prompt_length``
+        filtering/truncation and the tokenizer (used by the checkpoint fingerprint, :mod:`jaxrl.fingerprint`).
+        """
+        h = hashlib.sha256()
+        for ids in self._kept.ids:
+            h.update(len(ids).to_bytes(4, "little"))
+            h.update(np.asarray(ids, dtype=np.int64).tobytes())
+        return h.hexdigest()
 
     def set_state(self, state: Mapping) -> None:
         """Resume from :meth:`get_state`: the next batch equals the one an uninterrupted run would give.
