@@ -470,7 +470,6 @@ class CheckpointStore:
                   "is free")
         msg = (f"checkpoint step {step} not saved: {reason}; free space there (or keep fewer checkpoints: "
                f"trainer.max_actor_ckpt_to_keep); earlier checkpoints are intact: steps {self.steps()}")
-        log.error(msg)
         err = CheckpointSaveError(msg, step=step, directory=self.directory, reason=reason,
                                   cause=OSError(_errno.ENOSPC, "not enough free space for the checkpoint"))
         self.save_errors[step] = err

@@ -57,27 +57,29 @@ def step_entries(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.name.startswith("global_step"))
 
 
-def assert_checkpoint_readable(root: Path, step: int) -> dict:
-    """Restore every array of checkpoint ``step`` (targets from orbax's metadata) and check they are finite;
-    returns the meta. Runs in a fresh subprocess, as a resuming run would (no cached file handles)."""
+def assert_checkpoint_readable(root: Path, *steps: int) -> dict:
+    """Restore every array of each checkpoint in ``steps`` (targets from orbax's metadata) and check they are
+    finite; returns the last one's meta. Runs in a fresh subprocess, as a resuming run would (no cached file
+    handles)."""
     script = f"""
-import json, sys
+import json
 import jax, numpy as np
-from jaxrl.checkpoint import CheckpointStore
-store = CheckpointStore({str(root)!r}, max_to_keep=None, read_only=True)
-assert {step} in store.steps(), store.steps()
 import orbax.checkpoint as ocp
 from etils import epath
-items = sorted(p.name for p in store.step_path({step}).iterdir() if p.is_dir() and p.name != "meta")
-like = {{}}
-for name in items:
-    tree = ocp.StandardCheckpointHandler().metadata(epath.Path(store.step_path({step}) / name)).tree
-    role, part = name.split(".")
-    like.setdefault(role, {{}})[part] = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), tree)
-got, arrays, meta = store.restore({step}, like=like)
-leaves = jax.tree.leaves(arrays)
-assert got == {step} and meta["step"] == {step} and leaves
-assert all(np.isfinite(np.asarray(x, np.float32)).all() for x in leaves)
+from jaxrl.checkpoint import CheckpointStore
+store = CheckpointStore({str(root)!r}, max_to_keep=None, read_only=True)
+for step in {list(steps)!r}:
+    assert step in store.steps(), (step, store.steps())
+    items = sorted(p.name for p in store.step_path(step).iterdir() if p.is_dir() and p.name != "meta")
+    like = {{}}
+    for name in items:
+        tree = ocp.StandardCheckpointHandler().metadata(epath.Path(store.step_path(step) / name)).tree
+        role, part = name.split(".")
+        like.setdefault(role, {{}})[part] = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), tree)
+    got, arrays, meta = store.restore(step, like=like)
+    leaves = jax.tree.leaves(arrays)
+    assert got == step and meta["step"] == step and "actor" in arrays and leaves
+    assert all(np.isfinite(np.asarray(x, np.float32)).all() for x in leaves)
 store.close()
 print("META=" + json.dumps(meta))
 """
