@@ -5,7 +5,9 @@ fails in well under a second. Overrides use verl's spelling (``actor_rollout_ref
 so a verl ``main_ppo`` command line works with the module name swapped.
 
 Exit status: 0 on success (``--print-config`` prints the resolved YAML to stdout), 2 on a config
-or usage error (message on stderr, prefixed ``jaxrl: config error:``).
+or usage error (message on stderr, prefixed ``jaxrl: config error:``; an unusable custom reward file or
+function: ``jaxrl: error:``), 1 on a runtime error (a missing file, diverged training, a reward function
+that failed on a whole batch: its first traceback follows the message).
 """
 
 from __future__ import annotations
@@ -55,8 +57,8 @@ def _checkpoint_hint(cfg) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), load the config, then print it or train.
 
-    Returns the process exit status (0 ok, 1 a missing/unreadable model or data file or diverged training,
-    2 config/usage error). Compat notes (verl keys with no JAX meaning) go to stderr, one line each. Training is ``jaxrl.trainer.run_training(cfg)``,
+    Returns the process exit status (0 ok, 1 a missing/unreadable model or data file, diverged training or a
+    reward function failing on a whole batch, 2 config/usage error incl. an unusable custom reward function). Compat notes (verl keys with no JAX meaning) go to stderr, one line each. Training is ``jaxrl.trainer.run_training(cfg)``,
     imported only after the config is valid.
     """
     parser = _parser()
@@ -78,6 +80,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
         return 0
     from jaxrl.data.sources import DataFileError
+    from jaxrl.rewards.custom import CustomRewardError
+    from jaxrl.rewards.factory import check_custom_reward
+    from jaxrl.rewards.manager import RewardError
+    from jaxrl.rewards.pool import WorkerStartError
+
+    try:
+        check_custom_reward(loaded.config)  # a bad custom reward file fails now, before jax is imported
+    except FileNotFoundError as e:
+        print(f"jaxrl: error: {e}", file=sys.stderr)
+        return 1
+    except CustomRewardError as e:  # the custom reward file or its signature: a usage error
+        print(f"jaxrl: error: {e}", file=sys.stderr)
+        return 2
     from jaxrl.rollout.base import WeightSyncError
     from jaxrl.trainer import NonFiniteTrainingError, run_training  # heavy (jax); only after the config is valid
 
@@ -85,6 +100,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_training(loaded.config)
     except (FileNotFoundError, DataFileError, NonFiniteTrainingError) as e:  # names the culprit and the fix
         print(f"jaxrl: error: {e}", file=sys.stderr)
+        return 1
+    except CustomRewardError as e:  # the custom reward file (changed since the check) or its signature
+        print(f"jaxrl: error: {e}", file=sys.stderr)
+        return 2
+    except (RewardError, WorkerStartError) as e:  # the reward function failed on a whole batch: no silent zeros
+        print(f"jaxrl: error: {e}", file=sys.stderr)
+        if e.traceback:
+            print(f"jaxrl: the first failure's traceback (in the scoring process):\n{e.traceback.rstrip()}",
+                  file=sys.stderr)
         return 1
     except WeightSyncError as e:  # the rollout engine could not take the new weights: stop, keep the checkpoints
         print(f"jaxrl: error: {e}", file=sys.stderr)

@@ -25,7 +25,7 @@ import numpy as np
 
 from jaxrl.batch import RLBatch, concat_batches
 from jaxrl.metrics import MetricsLogger, batch_metrics, plot_rewards, timed, validation_metrics
-from jaxrl.rewards.shaping import groups_with_signal, overlong_penalty
+from jaxrl.rewards.shaping import groups_with_signal
 
 log = logging.getLogger("jaxrl")
 
@@ -269,13 +269,11 @@ class Trainer:
             _add(metrics, "reward/num_errors", rew.num_errors)
             _add(metrics, "reward/num_timeouts", rew.num_timeouts)
             scores = rew.scores.astype(np.float32)
-            ob = cfg.reward_model.overlong_buffer
-            if ob.enable:
-                penalty = overlong_penalty(
-                    batch.response_mask.sum(-1), max_response_length=batch.response_width, buffer_len=ob.len,
-                    penalty_factor=ob.penalty_factor,
-                )
+            penalty = c.reward.overlong_penalty(batch.response_mask.sum(-1), batch.response_width)
+            if penalty is not None:  # DAPO's soft overlong punishment (reward_model.overlong_buffer / dapo kwargs)
                 metrics["reward/overlong_penalty_mean"] = float(penalty.mean())
+                if c.reward.overlong.log:
+                    metrics["reward/overlong_ratio"] = float((penalty < 0).mean())
                 scores = scores + penalty
             batch.token_level_scores = place_scores_on_last_token(scores, batch.response_mask)
         if cfg.algorithm.adv_estimator == "remax":
@@ -554,6 +552,7 @@ def build(cfg) -> Components:
     from jaxrl.workers.placement import placement_from_config
 
     arr = cfg.actor_rollout_ref
+    reward = _build_reward(cfg)  # a bad custom reward file fails here, first (scoring processes start later)
     placement = placement_from_config(cfg)  # device counts checked before anything slow
     if placement is not None:
         log.info("placement %s", placement.describe())
@@ -571,7 +570,6 @@ def build(cfg) -> Components:
     actor, ref = _build_actor_and_reference(cfg, graphdef, params, total, placement)
     critic = _build_critic(cfg, pre, total, placement) if cfg.algorithm.adv_estimator == "gae" else None
     rollout, translator = _build_rollout(cfg, pre.config, graphdef, params, tokenizer, actor, placement)
-    reward = _build_reward(cfg)
     logger = MetricsLogger(
         cfg.trainer.logger, out_dir, project_name=cfg.trainer.project_name,
         experiment_name=cfg.trainer.experiment_name, config=config_to_dict(cfg),
@@ -734,16 +732,12 @@ def _build_critic(cfg, policy, total_training_steps, placement=None):
 
 
 def _build_reward(cfg):
-    """The reward manager around the custom ``compute_score`` or the built-in dispatcher."""
+    """The reward manager (``reward_model.reward_manager``) around the custom ``compute_score`` (imported and its
+    signature checked now) or the built-in dispatcher; its scoring processes start with :meth:`start`."""
     from jaxrl.rewards import default_compute_score
-    from jaxrl.rewards.custom import load_custom_reward_fn
-    from jaxrl.rewards.manager import RewardManager
+    from jaxrl.rewards.factory import build_reward_manager
 
-    if cfg.custom_reward_function.path:
-        fn = load_custom_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name)
-    else:
-        fn = default_compute_score
-    return RewardManager(fn, timeout_s=cfg.reward_model.timeout_s, num_workers=cfg.reward_model.num_workers)
+    return build_reward_manager(cfg, default_compute_score)
 
 
 def _load_rows_with_hint(files, data_cfg) -> list[dict]:
@@ -782,8 +776,10 @@ def run_training(cfg) -> dict[str, float]:
     )
     trainer = Trainer(c)
     try:
+        c.reward.start()  # scoring processes import the reward function while the first rollout compiles
         last = trainer.fit()
     finally:
+        c.reward.close()  # no scoring process outlives the run
         c.logger.close()
         shutdown = getattr(c.rollout, "shutdown", None)  # vLLM: its engine (and worker process, if any)
         if shutdown is not None:

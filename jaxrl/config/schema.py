@@ -57,7 +57,7 @@ FILTER_GROUPS_METRIC_CHOICES: tuple[str, ...] = ("acc", "score", "seq_reward", "
 KL_CTRL_TYPE_CHOICES: tuple[str, ...] = ("fixed", "adaptive")
 LOGGER_CHOICES: tuple[str, ...] = ("console", "jsonl", "tensorboard", "wandb")
 RESUME_MODE_CHOICES: tuple[str, ...] = ("auto", "disable", "resume_path")  # = jaxrl.checkpoint.RESUME_MODES
-REWARD_MANAGER_CHOICES: tuple[str, ...] = ("naive",)
+REWARD_MANAGER_CHOICES: tuple[str, ...] = ("naive", "prime", "dapo", "batch")  # = jaxrl.rewards.manager.REWARD_MANAGERS
 PLACEMENT_CHOICES: tuple[str, ...] = ("colocated", "split")  # = jaxrl.workers.placement.PLACEMENTS
 MESH_AXIS_CHOICES: tuple[str, ...] = ("data", "fsdp", "tensor")  # = sharding.mesh.MESH_AXES
 # Logical axis names the decoder / value model parameters carry, plus "batch" (= the rows of every batch array);
@@ -361,9 +361,17 @@ class RewardModelConfig:
     """``reward_model.*``: reward scoring (rule-based; a model RM is a later feature)."""
 
     enable: bool = False  # True = model-based reward model (not supported yet: the loader rejects it)
-    reward_manager: str = "naive"  # how scores are computed per sample: "naive" (one call per response)
-    timeout_s: float = 30.0  # jaxrl: per-call reward-function timeout in seconds
-    num_workers: int = 1  # jaxrl: parallel scoring workers (1 = score in the trainer process)
+    # "naive" (one call per response), "prime" (= naive: calls already run in parallel processes), "dapo"
+    # (naive + verl's DAPO overlong buffer from reward_kwargs), "batch" (one call with whole lists)
+    reward_manager: str = "naive"
+    # manager arguments (verl's +reward_model.reward_kwargs.*): dapo reads overlong_buffer_cfg.{enable,len,
+    # penalty_factor,log} and max_resp_len; batch passes them to the function as keyword arguments
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float = 30.0  # jaxrl: seconds one reward call may run (batch: the whole call); its process is killed
+    num_workers: Optional[int] = None  # scoring processes; null = min(8, CPUs); 0 = in the trainer's thread (debug)
+    # jaxrl: stop the run (exit 1) when more than this fraction of a batch's reward calls fail (errors +
+    # timeouts); null = only when all of them fail
+    max_error_fraction: Optional[float] = None
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # DAPO overlong section
 
 
@@ -373,6 +381,7 @@ class CustomRewardFunctionConfig:
 
     path: Optional[str] = None  # .py file holding the function; null = built-in scorer by data_source
     name: str = "compute_score"  # function name inside that file
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)  # extra keyword arguments for every call
 
 
 # ------------------------------------------------------------------------------- top level
