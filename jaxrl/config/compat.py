@@ -39,6 +39,10 @@ _CRITIC_TOKENIZER = "the critic scores the actor's token ids; it loads no tokeni
 _CRITIC_ENABLE = "jaxrl builds and trains the critic exactly when algorithm.adv_estimator=gae"
 _CRITIC_ROLLOUT_N = "the critic always uses actor_rollout_ref.rollout.n responses per prompt"
 _RM_MODEL = "used only by a model reward model (reward_model.enable=True, not supported yet)"
+_REWARD_LOOP = (
+    "reward managers are chosen by name (reward_model.reward_manager: naive, prime, dapo, batch); "
+    "user-defined manager classes are not supported"
+)
 _RAY = "jaxrl is a single-controller JAX program; no Ray cluster, worker groups or NCCL groups"
 _MULTI_TURN = "multi-turn/tool rollout is not supported yet; only multi_turn.enable=False is valid"
 _LORA = "LoRA is not supported yet (full fine-tuning only); only lora_rank=0 is valid"
@@ -190,6 +194,13 @@ NOTES: dict[str, str] = {
     "reward_model.forward_max_token_len_per_gpu": _RM_MODEL,
     "reward_model.ulysses_sequence_parallel_size": _RM_MODEL,
     "reward_model.launch_reward_fn_async": "reward scoring concurrency is reward_model.num_workers in jaxrl",
+    "reward_model.use_reward_loop": (
+        "jaxrl always scores in its own worker processes (reward_model.num_workers, reward_model.timeout_s)"
+    ),
+    "reward_model.reward_loop_source": _REWARD_LOOP,
+    "reward_model.reward_loop_module_path": _REWARD_LOOP,
+    "reward_model.reward_loop_class_name": _REWARD_LOOP,
+    "data.reward_fn_key": "the data source is read from each row's data_source field (verl's default)",
     "reward_model.sandbox_fusion.*": "sandbox code execution rewards are not supported yet",
 }
 
@@ -209,6 +220,10 @@ REQUIRED_VALUES: dict[str, tuple[Any, ...]] = {
     "actor_rollout_ref.model.lora_rank": (0,),
     "actor_rollout_ref.rollout.multi_turn.enable": (False,),
     "data.validation_shuffle": (False,),
+    "data.reward_fn_key": ("data_source",),
+    "reward_model.reward_loop_source": ("register",),
+    "reward_model.reward_loop_module_path": (None,),
+    "reward_model.reward_loop_class_name": (None,),
     "trainer.default_hdfs_dir": (None,),
     "critic.model.override_config": ({},),
     "critic.model.lora_rank": (0,),

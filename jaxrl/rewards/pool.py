@@ -264,6 +264,7 @@ class ScoringPool:
         self._alive_r: int | None = None
         self._spawned = 0
         self._closed = False
+        self._lock = threading.Lock()  # one run() at a time (the trainer scores from one thread)
         self._finalizer = weakref.finalize(self, _shutdown, self._workers, self._alive_w)
         atexit.register(self._finalizer)
 
@@ -315,6 +316,10 @@ class ScoringPool:
                 closed then).
             RuntimeError: the pool was closed.
         """
+        with self._lock:
+            return self._run(calls, timeout_s)
+
+    def _run(self, calls: list[tuple[tuple, dict]], timeout_s: float) -> list[CallResult]:
         self.start()
         n = len(calls)
         results: list[CallResult | None] = [None] * n

@@ -101,3 +101,14 @@ def test_build_from_config_with_custom_kwargs_and_batch(tmp_path):
     with build_reward_manager(cfg) as mgr:  # verl: the manager's kwargs reach the function, custom ones win
         assert mgr.compute_score.reward_kwargs == {"scale": 2.0, "shift": 0.5}
         np.testing.assert_allclose(mgr.score(["d"] * 2, ["a", "b"], ["a", "a"], [None] * 2).scores, [2.5, 0.5])
+
+
+def test_verl_reward_loop_keys_are_accepted_with_their_defaults_only():
+    from jaxrl.config import load_config_with_notes
+
+    notes = load_config_with_notes(None, ["data.reward_fn_key=data_source", "reward_model.use_reward_loop=True",
+                                          "reward_model.reward_loop_source=register"]).notes
+    assert {n.key for n in notes} == {"data.reward_fn_key", "reward_model.use_reward_loop",
+                                      "reward_model.reward_loop_source"}
+    assert "user-defined manager classes are not supported" in _error(["reward_model.reward_loop_source=importlib"])
+    assert "(valid: 'data_source')" in _error(["data.reward_fn_key=source"])
