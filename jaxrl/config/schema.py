@@ -353,7 +353,7 @@ class OverlongBufferConfig:
     # len / penalty_factor defaults are the DAPO recipe's (verl's yaml has placeholders 0 / 0.0).
     len: int = 4096  # buffer length in tokens; in [1, data.max_response_length] when enabled
     penalty_factor: float = 1.0  # penalty at the full response length, >= 0
-    log: bool = False  # also log the penalty per response (reward extra info)
+    log: bool = False  # also log reward/overlong_ratio (the fraction of responses penalised)
 
 
 @dataclass

@@ -16,7 +16,8 @@ after it was handed to a worker:
 
 Workers cannot outlive the trainer: each holds the read end of a pipe whose write end only the trainer
 holds, and a daemon thread kills the worker's process group when that pipe reaches end-of-file (the
-trainer closed the pool, exited, crashed or was SIGKILLed). :meth:`ScoringPool.close` stops them at the
+trainer closed the pool, exited, crashed or was SIGKILLed) or when the worker's parent changed (checked
+every second). :meth:`ScoringPool.close` stops them at the
 end of a run, and an ``atexit`` hook at interpreter exit. Workers ignore SIGINT and are outside the
 terminal's process group (Ctrl-C reaches the trainer, which closes the pool).
 
@@ -35,6 +36,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import select
 import signal
 import subprocess
 import sys
@@ -96,11 +98,14 @@ class CallResult:
 
 
 # ---------------------------------------------------------------------------------------------- worker side
-def _watch_parent(alive_fd: int) -> None:
-    """Daemon thread in a worker: at end-of-file on the trainer's pipe, kill this worker's process group."""
+def _watch_parent(alive_fd: int, parent_pid: int) -> None:
+    """Daemon thread in a worker: when the trainer's pipe reaches end-of-file or the worker was re-parented
+    (the trainer died while a forked child of it still holds the pipe), kill this worker's process group."""
     try:
-        while os.read(alive_fd, 1):
-            pass
+        while os.getppid() == parent_pid:
+            ready, _, _ = select.select([alive_fd], [], [], 1.0)
+            if ready and not os.read(alive_fd, 1):
+                break
     except OSError:
         pass
     try:
@@ -112,7 +117,8 @@ def _watch_parent(alive_fd: int) -> None:
 def _worker_main(conn: Connection, alive_fd: int) -> None:
     """Entry point of a worker process: load the function, then serve calls until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    threading.Thread(target=_watch_parent, args=(alive_fd,), name="jaxrl-reward-watch", daemon=True).start()
+    threading.Thread(target=_watch_parent, args=(alive_fd, os.getppid()), name="jaxrl-reward-watch",
+                     daemon=True).start()
     try:
         fn = pickle.loads(conn.recv_bytes())
         prepare = getattr(fn, "prepare", None)
