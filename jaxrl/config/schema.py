@@ -58,6 +58,7 @@ KL_CTRL_TYPE_CHOICES: tuple[str, ...] = ("fixed", "adaptive")
 LOGGER_CHOICES: tuple[str, ...] = ("console", "jsonl", "tensorboard", "wandb")
 RESUME_MODE_CHOICES: tuple[str, ...] = ("auto", "disable", "resume_path")  # = jaxrl.checkpoint.RESUME_MODES
 REWARD_MANAGER_CHOICES: tuple[str, ...] = ("naive",)
+MATH_VERIFIER_CHOICES: tuple[str, ...] = ("rule", "math_verify")  # = jaxrl.rewards.MATH_VERIFIERS
 PLACEMENT_CHOICES: tuple[str, ...] = ("colocated", "split")  # = jaxrl.workers.placement.PLACEMENTS
 MESH_AXIS_CHOICES: tuple[str, ...] = ("data", "fsdp", "tensor")  # = sharding.mesh.MESH_AXES
 # Logical axis names the decoder / value model parameters carry, plus "batch" (= the rows of every batch array);
@@ -364,6 +365,10 @@ class RewardModelConfig:
     reward_manager: str = "naive"  # how scores are computed per sample: "naive" (one call per response)
     timeout_s: float = 30.0  # jaxrl: per-call reward-function timeout in seconds
     num_workers: int = 1  # jaxrl: parallel scoring workers (1 = score in the trainer process)
+    # jaxrl: how the built-in MATH scorer (lighteval/MATH, DigitalLearningGmbH/MATH-lighteval, HuggingFaceH4/MATH-500)
+    # compares answers: "rule" (last \boxed{} + Hendrycks string normalisation, verl's default) or "math_verify"
+    # (symbolic equivalence with the math-verify package)
+    math_verifier: str = "rule"
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # DAPO overlong section
 
 
