@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), load the config, then print it or train.
 
     Returns the process exit status (0 ok, 1 a missing/unreadable model or data file or diverged training,
-    2 config/usage error). Compat notes (verl keys with no JAX meaning) go to stderr, one line each. Training is ``jaxrl.trainer.run_training(cfg)``,
+    2 config/usage error, incl. a data source with no reward function). Compat notes (verl keys with no JAX meaning) go to stderr, one line each. Training is ``jaxrl.trainer.run_training(cfg)``,
     imported only after the config is valid.
     """
     parser = _parser()
@@ -78,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
         return 0
     from jaxrl.data.sources import DataFileError
+    from jaxrl.rewards import UnknownDataSourceError
     from jaxrl.rollout.base import WeightSyncError
     from jaxrl.trainer import NonFiniteTrainingError, run_training  # heavy (jax); only after the config is valid
 
@@ -86,6 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, DataFileError, NonFiniteTrainingError) as e:  # names the culprit and the fix
         print(f"jaxrl: error: {e}", file=sys.stderr)
         return 1
+    except UnknownDataSourceError as e:  # rows no reward function can score: a usage error, before the model loads
+        print(f"jaxrl: error: {e}", file=sys.stderr)
+        return 2
     except WeightSyncError as e:  # the rollout engine could not take the new weights: stop, keep the checkpoints
         print(f"jaxrl: error: {e}", file=sys.stderr)
         print(f"jaxrl: {_checkpoint_hint(loaded.config)}", file=sys.stderr)
