@@ -56,7 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), load the config, then print it or train.
 
     Returns the process exit status (0 ok, 1 a missing/unreadable model or data file or diverged training,
-    2 config/usage error, incl. a data source with no reward function). Compat notes (verl keys with no JAX meaning) go to stderr, one line each. Training is ``jaxrl.trainer.run_training(cfg)``,
+    2 config/usage error, incl. a data source with no reward function). Compat notes (verl keys with no JAX
+    meaning) go to stderr, one line each. Training is ``jaxrl.trainer.run_training(cfg)``,
     imported only after the config is valid.
     """
     parser = _parser()

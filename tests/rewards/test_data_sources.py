@@ -105,7 +105,8 @@ def test_train_exits_2_naming_an_unknown_data_source_before_loading_the_model(tm
     val.write_text(json.dumps({**row, "data_source": "openai/gsm8k"}) + "\n")
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     base = [sys.executable, "-m", "jaxrl.train", "--config", "configs/quickstart.yaml",
-            f"actor_rollout_ref.model.path={tmp_path / 'no_such_model'}", f"trainer.default_local_dir={tmp_path / 'out'}"]
+            f"actor_rollout_ref.model.path={tmp_path / 'no_such_model'}",
+            f"trainer.default_local_dir={tmp_path / 'out'}"]
 
     def run(*overrides):
         return subprocess.run([*base, *overrides], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
