@@ -58,7 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), load the config, then print it or train.
 
     Returns the process exit status (0 ok, 1 a missing/unreadable model or data file, diverged training or a
-    reward function failing on a whole batch, 2 config/usage error incl. an unusable custom reward function). Compat notes (verl keys with no JAX meaning) go to stderr, one line each. Training is ``jaxrl.trainer.run_training(cfg)``,
+    reward function failing on a whole batch, 2 config/usage error incl. an unusable custom reward function or a
+    data source with no reward function). Compat notes (verl keys with no JAX meaning) go to stderr, one line each.
+    Training is ``jaxrl.trainer.run_training(cfg)``,
     imported only after the config is valid.
     """
     parser = _parser()
@@ -80,6 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
         return 0
     from jaxrl.data.sources import DataFileError
+    from jaxrl.rewards import UnknownDataSourceError
     from jaxrl.rewards.custom import CustomRewardError
     from jaxrl.rewards.factory import check_custom_reward
     from jaxrl.rewards.manager import RewardError
@@ -110,6 +113,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"jaxrl: the first failure's traceback (in the scoring process):\n{e.traceback.rstrip()}",
                   file=sys.stderr)
         return 1
+    except UnknownDataSourceError as e:  # rows no reward function can score: a usage error, before the model loads
+        print(f"jaxrl: error: {e}", file=sys.stderr)
+        return 2
     except WeightSyncError as e:  # the rollout engine could not take the new weights: stop, keep the checkpoints
         print(f"jaxrl: error: {e}", file=sys.stderr)
         print(f"jaxrl: {_checkpoint_hint(loaded.config)}", file=sys.stderr)

@@ -543,7 +543,8 @@ def build(cfg) -> Components:
     """Construct every role of a run from a validated config (heavy imports happen here).
 
     The device placement (``trainer.mesh`` / ``placement``) is checked first and data files are read next, so a
-    mesh that does not fit the devices or a missing or malformed file fails before the (slow) model load.
+    mesh that does not fit the devices, a missing or malformed file or a data source no reward function scores
+    fails before the (slow) model load.
     """
     from flax import nnx
 
@@ -560,6 +561,7 @@ def build(cfg) -> Components:
     out_dir.mkdir(parents=True, exist_ok=True)
 
     train_rows, val_rows = _read_rows(cfg.data)
+    _check_data_sources(cfg, train_rows, val_rows)  # no built-in scorer and no custom reward: fail before the model
     pre, tokenizer = _load_policy(arr.model)
     graphdef, params = nnx.split(pre.model)
     train_data, val_examples = _prompt_pipelines(
@@ -598,6 +600,16 @@ def _read_rows(d) -> tuple[list[dict], list[dict] | None]:
     if val_rows and d.val_max_samples and d.val_max_samples > 0:
         val_rows = val_rows[: d.val_max_samples]
     return train_rows, val_rows
+
+
+def _check_data_sources(cfg, train_rows, val_rows) -> None:
+    """``jaxrl.rewards.check_data_sources`` on the first rows of the train and validation files."""
+    from jaxrl.rewards import CHECKED_ROWS, check_data_sources
+
+    custom = bool(cfg.custom_reward_function.path)
+    for key, rows in (("train_files", train_rows), ("val_files", val_rows or [])):
+        sources = (r.get("data_source") for r in rows[:CHECKED_ROWS])
+        check_data_sources(sources, custom_reward=custom, origin=f"data.{key}={getattr(cfg.data, key)!r}")
 
 
 def _load_policy(model_cfg):

@@ -10,6 +10,7 @@ well under a second.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import math
 import re
 import typing
@@ -497,6 +498,9 @@ def _validate(cfg: JaxRLConfig) -> None:
     c.int_at_least("reward_model.num_workers", 0, nullable=True)
     if cfg.reward_model.max_error_fraction is not None:
         c.real("reward_model.max_error_fraction", 0.0, 1.0)
+    c.choice("reward_model.math_verifier", schema.MATH_VERIFIER_CHOICES)
+    if cfg.reward_model.math_verifier == "math_verify" and importlib.util.find_spec("math_verify") is None:
+        c.fail("reward_model.math_verifier", "'rule', or install math-verify: pip install 'math-verify[antlr4_13_2]'")
     c.real("reward_model.overlong_buffer.penalty_factor", 0.0)
     ob = cfg.reward_model.overlong_buffer
     if ob.enable and not (_is_int(ob.len) and 1 <= ob.len <= cfg.data.max_response_length):

@@ -58,6 +58,7 @@ KL_CTRL_TYPE_CHOICES: tuple[str, ...] = ("fixed", "adaptive")
 LOGGER_CHOICES: tuple[str, ...] = ("console", "jsonl", "tensorboard", "wandb")
 RESUME_MODE_CHOICES: tuple[str, ...] = ("auto", "disable", "resume_path")  # = jaxrl.checkpoint.RESUME_MODES
 REWARD_MANAGER_CHOICES: tuple[str, ...] = ("naive", "prime", "dapo", "batch")  # = jaxrl.rewards.manager.REWARD_MANAGERS
+MATH_VERIFIER_CHOICES: tuple[str, ...] = ("rule", "math_verify")  # = jaxrl.rewards.MATH_VERIFIERS
 PLACEMENT_CHOICES: tuple[str, ...] = ("colocated", "split")  # = jaxrl.workers.placement.PLACEMENTS
 MESH_AXIS_CHOICES: tuple[str, ...] = ("data", "fsdp", "tensor")  # = sharding.mesh.MESH_AXES
 # Logical axis names the decoder / value model parameters carry, plus "batch" (= the rows of every batch array);
@@ -372,6 +373,10 @@ class RewardModelConfig:
     # jaxrl: stop the run (exit 1) when more than this fraction of a batch's reward calls fail (errors +
     # timeouts); null = only when all of them fail
     max_error_fraction: Optional[float] = None
+    # jaxrl: how the built-in MATH scorer (lighteval/MATH, DigitalLearningGmbH/MATH-lighteval, HuggingFaceH4/MATH-500)
+    # compares answers: "rule" (last \boxed{} + Hendrycks string normalisation, verl's default) or "math_verify"
+    # (symbolic equivalence with the math-verify package)
+    math_verifier: str = "rule"
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # DAPO overlong section
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from jaxrl.rewards.custom import load_custom_reward_fn
@@ -76,7 +77,8 @@ def build_reward_manager(cfg, default_compute_score: Callable | None = None) -> 
     else:
         if default_compute_score is None:
             from jaxrl.rewards import default_compute_score
-        fn = default_compute_score
+        # the built-ins by data source; the MATH family compared by reward_model.math_verifier (picklable partial)
+        fn = functools.partial(default_compute_score, math_verifier=rm.math_verifier)
     return RewardManager(
         fn, reward_manager=rm.reward_manager, timeout_s=rm.timeout_s, num_workers=rm.num_workers,
         max_error_fraction=rm.max_error_fraction, overlong=overlong_settings(cfg),

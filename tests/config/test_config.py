@@ -111,7 +111,7 @@ def test_every_config_validates_and_round_trips(path, tmp_path):
 def test_expected_configs_exist():
     names = {p.name for p in CONFIGS}
     assert {"quickstart.yaml", "gsm8k_grpo_smollm2_135m.yaml", "grpo_gsm8k_qwen3_1.7b.yaml",
-            "ppo_quickstart.yaml", "dapo_quickstart.yaml"} <= names
+            "ppo_quickstart.yaml", "dapo_quickstart.yaml", "math500_grpo_smollm2_135m.yaml"} <= names
 
 
 def test_shared_dir_expands_in_paths(monkeypatch, tmp_path):
@@ -252,6 +252,16 @@ def test_range_errors(override, expected):
 def test_reward_model_enable_not_supported():
     msg = _error(None, ["reward_model.enable=True"])
     assert "reward_model.enable" in msg and "not supported yet" in msg
+
+
+def test_math_verifier_choices():
+    assert load_config(None, []).reward_model.math_verifier == "rule"
+    assert load_config(None, ["reward_model.math_verifier=math_verify"]).reward_model.math_verifier == "math_verify"
+    msg = _error(None, ["reward_model.math_verifier=sympy"])
+    assert "reward_model.math_verifier='sympy'" in msg and "'rule', 'math_verify'" in msg
+    from jaxrl.rewards import MATH_VERIFIERS
+
+    assert schema.MATH_VERIFIER_CHOICES == MATH_VERIFIERS
 
 
 def test_validation_needs_val_files():
