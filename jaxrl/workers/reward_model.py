@@ -23,6 +23,7 @@ back replicated. The params are never updated or donated.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 
 import jax
@@ -35,7 +36,15 @@ from jaxrl.workers.microbatch import check_row_shards, pad_rows, row_chunks
 from jaxrl.workers.placement import activation_sharding, batch_shards, rows_sharding, shard_tree
 from sharding import DEFAULT_RULES
 
-__all__ = ["RewardModelOutput", "RewardModelWorker", "check_same_tokenizer", "retokenize_for_reward_model"]
+__all__ = [
+    "RewardModelOutput",
+    "RewardModelWorker",
+    "build_reward_model_worker",
+    "check_same_tokenizer",
+    "retokenize_for_reward_model",
+]
+
+log = logging.getLogger("jaxrl")
 
 
 @dataclasses.dataclass
@@ -226,3 +235,51 @@ class RewardModelWorker:
             max_length=self.max_length,
         )
         return RewardModelOutput(self.compute_scores(ids, mask), truncated)
+
+
+def build_reward_model_worker(cfg, policy_cfg, tokenizer, *, mesh=None, rules=None) -> RewardModelWorker:
+    """The run's reward model from ``reward_model.*``: the frozen ``model.path`` classifier in the policy's dtypes
+    (``actor_rollout_ref.model.{param_dtype,dtype}``), reading the policy's ids (``model.input_tokenizer=null``) or
+    re-tokenized text (decoded with ``tokenizer`` when ``input_tokenizer`` is the policy's path, else with the
+    tokenizer at that path).
+
+    Args:
+      cfg: the run config; policy_cfg: the policy's :class:`~jaxrl.models.ModelConfig`; tokenizer: the policy's.
+      mesh, rules: the train mesh and its rules, or None (one device).
+
+    Raises:
+      FileNotFoundError: no checkpoint at the path, or no tokenizer beside it when it must re-tokenize.
+      ValueError: not a sequence-classification checkpoint, ``num_labels != 1``, or ids it cannot read (see
+        :func:`check_same_tokenizer`).
+    """
+    from jaxrl.models.reward_model import load_reward_model
+    from jaxrl.models.resolve import resolve_model_path
+    from jaxrl.models.tokenizer import load_tokenizer
+
+    rc, model_cfg = cfg.reward_model, cfg.actor_rollout_ref.model
+    path = resolve_model_path(rc.model.path)
+    model = load_reward_model(path, param_dtype=model_cfg.param_dtype, dtype=model_cfg.dtype)
+    try:
+        rm_tokenizer = load_tokenizer(path)
+    except FileNotFoundError:
+        rm_tokenizer = None
+    inputs: dict = {}
+    if rc.model.input_tokenizer is None:
+        check_same_tokenizer(model.cfg.vocab_size, policy_cfg.vocab_size, rm_tokenizer, tokenizer, rc.model.path)
+    else:
+        if rm_tokenizer is None:
+            raise FileNotFoundError(
+                f"reward_model.model.path={rc.model.path!r} has no tokenizer, which re-tokenizing responses needs "
+                f"(reward_model.model.input_tokenizer={rc.model.input_tokenizer!r}); add the reward model's "
+                "tokenizer files, or set reward_model.model.input_tokenizer=null to read the policy's token ids"
+            )
+        same = rc.model.input_tokenizer == model_cfg.path
+        input_tokenizer = tokenizer if same else load_tokenizer(resolve_model_path(rc.model.input_tokenizer))
+        inputs = dict(input_tokenizer=input_tokenizer, rm_tokenizer=rm_tokenizer, max_length=rc.max_length)
+    graphdef, params = nnx.split(model)
+    worker = RewardModelWorker(graphdef, params, micro_batch_size=rc.micro_batch_size_per_gpu, mesh=mesh,
+                               rules=rules, **inputs)
+    log.info("reward model %s (%s, %d layers): %s inputs, combined with the rule reward by %r", path,
+             model.cfg.model_type, model.cfg.num_hidden_layers, "re-tokenized" if inputs else "policy-token",
+             rc.combine)
+    return worker
