@@ -137,3 +137,17 @@ def test_remax_quickstart_with_a_reward_model_summed_with_the_rule_on_policy_tok
         assert "reward/rm_num_truncated" not in r  # the policy's own ids, nothing re-tokenized
         total = r["reward/rm_score/mean"] + r["reward/rule_score/mean"]
         assert r["critic/score/mean"] == pytest.approx(total, abs=1e-5)
+
+
+def test_a_checkpoint_that_is_no_reward_model_exits_2_naming_the_key(shared, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "jaxrl.train", "--config", "configs/quickstart.yaml", "reward_model.enable=True",
+           "reward_model.model.path=stories260K", f"trainer.default_local_dir={tmp_path}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy(), timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("jaxrl: config error: reward_model.model.path='stories260K'") and "LlamaForCausalLM" in last
+    assert "LlamaForSequenceClassification" in last and "Traceback" not in proc.stderr

@@ -162,7 +162,8 @@ class RewardModelWorker:
                  input_tokenizer=None, rm_tokenizer=None, max_length: int | None = None):
         model = nnx.merge(graphdef, params)
         if model.num_labels != 1:
-            raise ValueError(f"a reward model has one output; this checkpoint has num_labels={model.num_labels}")
+            raise ValueError(f"a reward model has one output (num_labels=1); this checkpoint has num_labels="
+                         f"{model.num_labels}")
         if micro_batch_size is not None and micro_batch_size < 1:
             raise ValueError(f"reward_model.micro_batch_size_per_gpu must be >= 1, got {micro_batch_size}")
         if (input_tokenizer is None) != (rm_tokenizer is None):
@@ -249,23 +250,35 @@ def build_reward_model_worker(cfg, policy_cfg, tokenizer, *, mesh=None, rules=No
 
     Raises:
       FileNotFoundError: no checkpoint at the path, or no tokenizer beside it when it must re-tokenize.
-      ValueError: not a sequence-classification checkpoint, ``num_labels != 1``, or ids it cannot read (see
-        :func:`check_same_tokenizer`).
+      jaxrl.config.loader.ConfigError: not a sequence-classification checkpoint, ``num_labels != 1``, or ids it
+        cannot read (see :func:`check_same_tokenizer`); ``python -m jaxrl.train`` exits 2 with it.
     """
     from jaxrl.models.reward_model import load_reward_model
     from jaxrl.models.resolve import resolve_model_path
     from jaxrl.models.tokenizer import load_tokenizer
 
+    from jaxrl.config.loader import ConfigError
+
     rc, model_cfg = cfg.reward_model, cfg.actor_rollout_ref.model
     path = resolve_model_path(rc.model.path)
-    model = load_reward_model(path, param_dtype=model_cfg.param_dtype, dtype=model_cfg.dtype)
+    try:
+        model = load_reward_model(path, param_dtype=model_cfg.param_dtype, dtype=model_cfg.dtype)
+    except ValueError as e:  # a checkpoint that is no reward model: the setting is wrong
+        raise ConfigError(f"reward_model.model.path={rc.model.path!r}: {e}") from None
+    if model.num_labels != 1:
+        raise ConfigError(f"reward_model.model.path={rc.model.path!r} has num_labels={model.num_labels}; a reward "
+                          "model has one output (num_labels=1)")
     try:
         rm_tokenizer = load_tokenizer(path)
     except FileNotFoundError:
         rm_tokenizer = None
     inputs: dict = {}
     if rc.model.input_tokenizer is None:
-        check_same_tokenizer(model.cfg.vocab_size, policy_cfg.vocab_size, rm_tokenizer, tokenizer, rc.model.path)
+        try:
+            check_same_tokenizer(model.cfg.vocab_size, policy_cfg.vocab_size, rm_tokenizer, tokenizer,
+                                 rc.model.path)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     else:
         if rm_tokenizer is None:
             raise FileNotFoundError(
