@@ -151,3 +151,31 @@ def test_a_checkpoint_that_is_no_reward_model_exits_2_naming_the_key(shared, tmp
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("jaxrl: config error: reward_model.model.path='stories260K'") and "LlamaForCausalLM" in last
     assert "LlamaForSequenceClassification" in last and "Traceback" not in proc.stderr
+
+
+def test_builder_picks_the_input_path_and_refuses_another_vocabulary(shared, tiny_rm_dir, tmp_path):
+    import shutil
+
+    from jaxrl.config.loader import ConfigError
+    from jaxrl.models import load_pretrained
+    from jaxrl.workers.reward_model import build_reward_model_worker
+    from sharding import make_mesh
+
+    policy = load_pretrained("stories260K")
+    base = ["reward_model.enable=True", f"reward_model.model.path={tiny_rm_dir}"]
+    rm = build_reward_model_worker(load_config("configs/quickstart.yaml", base), policy.config, policy.tokenizer)
+    assert rm.retokenizes and rm.input_tokenizer is policy.tokenizer  # input_tokenizer = the policy path
+    same = load_config("configs/quickstart.yaml", base + ["reward_model.model.input_tokenizer=null"])
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
+    rm = build_reward_model_worker(same, policy.config, policy.tokenizer, mesh=mesh)
+    assert not rm.retokenizes and rm.mesh is mesh
+    other = tmp_path / "rm_other_tokenizer"
+    shutil.copytree(tiny_rm_dir, other)
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (other / f).unlink(missing_ok=True)
+    shutil.copy(shared / "models" / "smollm2-135m-instruct" / "tokenizer.json", other / "tokenizer.json")
+    shutil.copy(shared / "models" / "smollm2-135m-instruct" / "tokenizer_config.json", other / "tokenizer_config.json")
+    cfg = load_config("configs/quickstart.yaml", ["reward_model.enable=True", f"reward_model.model.path={other}",
+                                                  "reward_model.model.input_tokenizer=null"])
+    with pytest.raises(ConfigError, match="different tokenizer than the policy"):
+        build_reward_model_worker(cfg, policy.config, policy.tokenizer)
