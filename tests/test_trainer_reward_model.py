@@ -114,6 +114,7 @@ def _run(tmp_path, extra):
     return [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # ~45 s of CPU on 2 cores (policy + RM compiles): over the default suite's 20 s budget
 def test_quickstart_with_a_reward_model_logs_rm_and_rule_scores(shared, tiny_rm_dir, tmp_path):
     """verl's defaults: input_tokenizer = the policy path (re-tokenized text), combine=replace: the score the
     advantages see is the RM's, the sentiment rule is logged beside it."""
