@@ -178,4 +178,4 @@ def test_backbone_with_lm_head_is_refused():
 
     cfg = ModelConfig.from_hf_config(dict(_BASE, model_type="llama", tie_word_embeddings=False))
     with pytest.raises(ValueError, match="no LM head"):
-        RewardModel(Decoder(cfg, rngs=nnx.Rngs(0)), jnp.zeros((cfg.hidden_size, 1)))
+        RewardModel(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))), jnp.zeros((cfg.hidden_size, 1)))
