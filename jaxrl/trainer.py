@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from jaxrl.batch import RLBatch, concat_batches
-from jaxrl.metrics import MetricsLogger, batch_metrics, plot_rewards, timed, validation_metrics
+from jaxrl.metrics import MetricsLogger, _stats, batch_metrics, plot_rewards, timed, validation_metrics
+from jaxrl.rewards.manager import RewardOutput
 from jaxrl.rewards.shaping import groups_with_signal
 
 log = logging.getLogger("jaxrl")
@@ -51,6 +52,7 @@ class Components:
     critic: object | None = None
     placement: object | None = None  # jaxrl.workers.placement.Placement; None = every role on one device
     translator: object | None = None  # sharding.Translator actor params -> rollout layout (a placement, or vLLM)
+    reward_model: object | None = None  # jaxrl.workers.reward_model.RewardModelWorker (reward_model.enable)
 
 
 def _sampling_params(rollout_cfg, max_new_tokens: int, *, validation: bool, seed: int):
@@ -94,6 +96,55 @@ def score_responses(reward, rows: list[dict], prompt_index: np.ndarray, texts: l
         [(r.get("reward_model") or {}).get("ground_truth") for r in rs],
         [r.get("extra_info") for r in rs],
     )
+
+
+def score_with_reward_model(rm, reward, rows: list[dict], prompt_index: np.ndarray, batch: RLBatch,
+                            texts: list[str], metrics: dict, *, combine: str, prompt_key: str) -> RewardOutput:
+    """Sequence scores of a round with a reward model, combined with the rule reward as ``reward_model.combine`` says.
+
+    * ``"replace"`` (verl: with ``reward_model.enable`` its reward managers return the RM's ``rm_scores`` and do not
+      call the rule function): score = RM score. Rows whose ``reward_model.style`` is ``"rule"`` (or unset) are
+      still rule-scored, for the log and for ``acc`` (dynamic sampling); rows marked ``"model"`` (verl's marker for
+      data with no rule, e.g. full_hh_rlhf) are not.
+    * ``"sum"``: score = RM score + rule score; every row is rule-scored.
+
+    Args:
+      rm: a :class:`jaxrl.workers.reward_model.RewardModelWorker`.
+      reward: the rule :class:`jaxrl.rewards.RewardManager`.
+      rows, prompt_index, texts: as :func:`score_responses` takes them; ``rows[prompt_index[i]]`` is response ``i``'s.
+      batch: the round's ids and masks ``[N, P]`` / ``[N, R]``.
+      metrics: gets ``reward/rm_score/{mean,max,min}``, ``reward/rule_score/{mean,max,min}`` (over rule-scored rows)
+        and, when the RM re-tokenizes, ``reward/rm_num_truncated`` (inputs cut at ``reward_model.max_length``).
+      combine: ``"replace"`` or ``"sum"``.
+      prompt_key: the rows' raw-prompt field (re-tokenized RM inputs are built from it).
+
+    Returns:
+      a :class:`RewardOutput` whose ``scores`` ``[N]`` float32 are the combined scores; errors, timeouts and extra
+      outputs (``None`` for rows not rule-scored) are the rule function's.
+    """
+    rs = [rows[i] for i in prompt_index]
+    out = rm.score(batch, [r.get(prompt_key) for r in rs] if rm.retokenizes else None)
+    metrics.update(_stats("reward/rm_score", out.scores))
+    if rm.retokenizes:
+        metrics["reward/rm_num_truncated"] = metrics.get("reward/rm_num_truncated", 0) + out.num_truncated
+    ruled = np.ones(len(rs), bool) if combine == "sum" else np.asarray(
+        [((r.get("reward_model") or {}).get("style") or "rule") != "model" for r in rs], bool)
+    idx = np.flatnonzero(ruled)
+    scores = out.scores.astype(np.float32)
+    if idx.size == 0:
+        return RewardOutput(scores=scores, num_errors=0, num_timeouts=0, first_error=None)
+    rule = score_responses(reward, rows, np.asarray(prompt_index)[idx], [texts[i] for i in idx])
+    metrics.update(_stats("reward/rule_score", rule.scores.astype(np.float32)))
+    if combine == "sum":
+        scores = scores + rule.scores.astype(np.float32)
+    extra = {}
+    for key, values in rule.extra.items():
+        full = [None] * len(rs)
+        for i, v in zip(idx, values):
+            full[i] = v
+        extra[key] = full
+    return RewardOutput(scores=scores, num_errors=rule.num_errors, num_timeouts=rule.num_timeouts,
+                        first_error=rule.first_error, extra=extra, first_traceback=rule.first_traceback)
 
 
 def _extra_as_array(rew, key: str, default: np.ndarray) -> np.ndarray:
@@ -265,7 +316,7 @@ class Trainer:
         )
         with timed("reward", t):
             texts = decode_responses(c.tokenizer, batch.response_ids, batch.response_mask)
-            rew = score_responses(c.reward, prompts.rows, out.prompt_index, texts)
+            rew = self._score(prompts.rows, out.prompt_index, batch, texts, metrics)
             _add(metrics, "reward/num_errors", rew.num_errors)
             _add(metrics, "reward/num_timeouts", rew.num_timeouts)
             scores = rew.scores.astype(np.float32)
@@ -281,7 +332,10 @@ class Trainer:
                 greedy = dataclasses.replace(sp, n=1, do_sample=False)
                 base_out = c.rollout.generate(prompts.prompt_ids, greedy)
                 base_texts = decode_responses(c.tokenizer, base_out.response_ids, base_out.response_mask)
-                base = score_responses(c.reward, prompts.rows, base_out.prompt_index, base_texts).scores
+                base_batch = RLBatch(prompt_ids=base_out.prompt_ids, prompt_mask=base_out.prompt_mask,
+                                     response_ids=base_out.response_ids, response_mask=base_out.response_mask,
+                                     group_ids=base_out.prompt_index)
+                base = self._score(prompts.rows, base_out.prompt_index, base_batch, base_texts, {}).scores
             batch.reward_baselines = np.asarray(base, np.float32)[out.prompt_index]
         seq = {
             "score": rew.scores,
@@ -290,6 +344,15 @@ class Trainer:
             "seq_final_reward": scores,
         }
         return batch, seq
+
+    def _score(self, rows, prompt_index, batch: RLBatch, texts, metrics: dict) -> RewardOutput:
+        """Sequence scores of a round: the rule reward, or with ``reward_model.enable`` the reward model's combined
+        with it (:func:`score_with_reward_model`)."""
+        c = self.c
+        if c.reward_model is None:
+            return score_responses(c.reward, rows, prompt_index, texts)
+        return score_with_reward_model(c.reward_model, c.reward, rows, prompt_index, batch, texts, metrics,
+                                       combine=c.cfg.reward_model.combine, prompt_key=c.cfg.data.prompt_key)
 
     def _seed(self) -> int:
         return int(self.c.cfg.trainer.seed) * 1_000_003 + self.step
@@ -563,6 +626,11 @@ def build(cfg) -> Components:
     train_rows, val_rows = _read_rows(cfg.data)
     _check_data_sources(cfg, train_rows, val_rows)  # no built-in scorer and no custom reward: fail before the model
     pre, tokenizer = _load_policy(arr.model)
+    reward_model = None
+    if cfg.reward_model.enable:  # verl's RewardModelWorker, frozen, on the train mesh
+        from jaxrl.workers.reward_model import build_reward_model_worker
+
+        reward_model = build_reward_model_worker(cfg, pre.config, tokenizer, **_mesh_args(placement))
     graphdef, params = nnx.split(pre.model)
     train_data, val_examples = _prompt_pipelines(
         cfg.data, tokenizer, train_rows, val_rows, dynamic_sampling=cfg.algorithm.filter_groups.enable
@@ -587,7 +655,7 @@ def build(cfg) -> Components:
         cfg=cfg, tokenizer=tokenizer, model_cfg=pre.config, actor=actor, ref=ref, rollout=rollout, reward=reward,
         train_data=train_data, val_rows=val_examples, logger=logger, out_dir=out_dir, total_training_steps=total,
         store=store, model_meta=model_meta(pre.config, path=arr.model.path, param_dtype=arr.model.param_dtype),
-        critic=critic, placement=placement, translator=translator,
+        critic=critic, placement=placement, translator=translator, reward_model=reward_model,
     )
 
 
@@ -607,8 +675,11 @@ def _check_data_sources(cfg, train_rows, val_rows) -> None:
     from jaxrl.rewards import CHECKED_ROWS, check_data_sources
 
     custom = bool(cfg.custom_reward_function.path)
+    # with a reward model that replaces the rule reward, rows marked style="model" never reach a rule function
+    rm_only = cfg.reward_model.enable and cfg.reward_model.combine == "replace"
     for key, rows in (("train_files", train_rows), ("val_files", val_rows or [])):
-        sources = (r.get("data_source") for r in rows[:CHECKED_ROWS])
+        sources = (r.get("data_source") for r in rows[:CHECKED_ROWS]
+                   if not (rm_only and (r.get("reward_model") or {}).get("style") == "model"))
         check_data_sources(sources, custom_reward=custom, origin=f"data.{key}={getattr(cfg.data, key)!r}")
 
 

@@ -487,12 +487,7 @@ def _validate(cfg: JaxRLConfig) -> None:
     c.int_at_least("trainer.max_nonfinite_steps", 1)
     _validate_mesh(cfg, c)
     # rewards
-    if cfg.reward_model.enable:
-        raise ConfigError(
-            "reward_model.enable=True is not supported yet: a model-based reward model is a later feature; "
-            "set reward_model.enable=False and score with a rule (built-in by data_source, or "
-            "custom_reward_function.path)"
-        )
+    _validate_reward_model(cfg, c)
     c.choice("reward_model.reward_manager", schema.REWARD_MANAGER_CHOICES)
     c.real("reward_model.timeout_s", 0.0, lo_open=True)
     c.int_at_least("reward_model.num_workers", 0, nullable=True)
@@ -587,6 +582,20 @@ def _validate_reward_kwargs(cfg: JaxRLConfig) -> None:
             )
         if factor < 0:
             raise ConfigError(f"{prefix}.overlong_buffer_cfg.penalty_factor={factor!r} is invalid; expected >= 0")
+
+
+def _validate_reward_model(cfg: JaxRLConfig, c: _Checks) -> None:
+    """``reward_model.*`` of the model reward model: checked only when ``reward_model.enable``."""
+    if not cfg.reward_model.enable:
+        return
+    if cfg.reward_model.model.path is None:
+        c.fail("reward_model.model.path", "the reward model checkpoint when reward_model.enable=True: a Hugging Face "
+               "Llama/Qwen2/Qwen3 *ForSequenceClassification directory")
+    c.text("reward_model.model.path")
+    c.text("reward_model.model.input_tokenizer", nullable=True)
+    c.int_at_least("reward_model.micro_batch_size_per_gpu", 1, nullable=True)
+    c.int_at_least("reward_model.max_length", 1, nullable=True)
+    c.choice("reward_model.combine", schema.RM_COMBINE_CHOICES)
 
 
 def _validate_cross(cfg: JaxRLConfig) -> None:
@@ -713,6 +722,8 @@ def check_mesh_batch_sizes(cfg: JaxRLConfig, sizes: dict[str, int]) -> None:
         ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", arr.rollout.log_prob_micro_batch_size_per_gpu),
         ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", arr.ref.log_prob_micro_batch_size_per_gpu),
     ]
+    if cfg.reward_model.enable:
+        checks.append(("reward_model.micro_batch_size_per_gpu", cfg.reward_model.micro_batch_size_per_gpu))
     if cfg.algorithm.adv_estimator in schema.CRITIC_ADV_ESTIMATORS:
         k = cfg.critic
         critic_rows = k.ppo_micro_batch_size_per_gpu or (k.ppo_mini_batch_size or arr.actor.ppo_mini_batch_size) * n

@@ -59,6 +59,7 @@ LOGGER_CHOICES: tuple[str, ...] = ("console", "jsonl", "tensorboard", "wandb")
 RESUME_MODE_CHOICES: tuple[str, ...] = ("auto", "disable", "resume_path")  # = jaxrl.checkpoint.RESUME_MODES
 REWARD_MANAGER_CHOICES: tuple[str, ...] = ("naive", "prime", "dapo", "batch")  # = jaxrl.rewards.manager.REWARD_MANAGERS
 MATH_VERIFIER_CHOICES: tuple[str, ...] = ("rule", "math_verify")  # = jaxrl.rewards.MATH_VERIFIERS
+RM_COMBINE_CHOICES: tuple[str, ...] = ("replace", "sum")  # reward_model.combine
 PLACEMENT_CHOICES: tuple[str, ...] = ("colocated", "split")  # = jaxrl.workers.placement.PLACEMENTS
 MESH_AXIS_CHOICES: tuple[str, ...] = ("data", "fsdp", "tensor")  # = sharding.mesh.MESH_AXES
 # Logical axis names the decoder / value model parameters carry, plus "batch" (= the rows of every batch array);
@@ -358,10 +359,28 @@ class OverlongBufferConfig:
 
 
 @dataclass
-class RewardModelConfig:
-    """``reward_model.*``: reward scoring (rule-based; a model RM is a later feature)."""
+class RewardModelModelConfig:
+    """``reward_model.model.*``: the reward model checkpoint (used when ``reward_model.enable``)."""
 
-    enable: bool = False  # True = model-based reward model (not supported yet: the loader rejects it)
+    # a Hugging Face Llama/Qwen2/Qwen3 *ForSequenceClassification directory (safetensors); required when enabled
+    path: Optional[str] = None
+    # tokenizer of the policy's ids; set = decode each response and re-tokenize it with the RM's own tokenizer and
+    # chat template (verl's default: the policy path); null = the RM reads the policy's token ids as they are
+    input_tokenizer: Optional[str] = "${actor_rollout_ref.model.path}"
+
+
+@dataclass
+class RewardModelConfig:
+    """``reward_model.*``: reward scoring: rule-based (reward manager) and, with ``enable``, a reward model."""
+
+    enable: bool = False  # True = also score every response with the model at reward_model.model.path
+    model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)  # reward model checkpoint
+    micro_batch_size_per_gpu: Optional[int] = None  # responses per RM forward (on a mesh: per call); null = all
+    max_length: Optional[int] = None  # re-tokenized RM input width (longer: cut on the right); null = prompt+response
+    # jaxrl: how the RM score and the rule score make the reward. "replace" (verl: its reward managers return the
+    # RM's scores and skip the rule function): reward = RM score; rows whose reward_model.style is "rule" are still
+    # rule-scored, for the log only. "sum": reward = RM score + rule score (every row rule-scored).
+    combine: str = "replace"
     # "naive" (one call per response), "prime" (= naive: calls already run in parallel processes), "dapo"
     # (naive + verl's DAPO overlong buffer from reward_kwargs), "batch" (one call with whole lists)
     reward_manager: str = "naive"
