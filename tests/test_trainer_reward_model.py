@@ -46,7 +46,7 @@ def _rule_manager(calls):
         calls.append(solution_str)
         return {"score": float(len(solution_str)), "acc": 1.0}
 
-    return RewardManager(compute_score, timeout_s=5.0, num_workers=1)
+    return RewardManager(compute_score, timeout_s=5.0, num_workers=0)  # in-process: the closure records calls
 
 
 def test_replace_is_verls_rm_score_and_rule_rows_are_scored_for_the_log():
