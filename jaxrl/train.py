@@ -8,10 +8,12 @@ Exit status (one-line message on stderr, ``jaxrl: error: ...`` / ``jaxrl: config
 
 * 0: success (``--print-config`` prints the resolved YAML to stdout);
 * 1: a runtime failure: a missing or unreadable model, data file or ``trainer.resume_from_path``, diverged
-  training, a failed weight sync, no readable checkpoint to resume from, or a final checkpoint that could not be
-  saved (the message names the newest complete checkpoint);
-* 2: a config or usage error, including a run folder (``trainer.default_local_dir``) in use by another run and a
-  checkpoint written by an incompatible configuration (the message lists what changed and the ways out).
+  training, a failed weight sync, a reward function that failed on a whole batch (its first traceback follows
+  the message), no readable checkpoint to resume from, or a final checkpoint that could not be saved (the
+  message names the newest complete checkpoint);
+* 2: a config or usage error (``jaxrl: config error:``), an unusable custom reward file or function, a run folder
+  (``trainer.default_local_dir``) in use by another run, or a checkpoint written by an incompatible
+  configuration (the message lists what changed and the ways out).
 """
 
 from __future__ import annotations
@@ -61,8 +63,10 @@ def _checkpoint_hint(cfg) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), load the config, then print it or train.
 
-    Returns the process exit status (0 ok, 1 a missing/unreadable model or data file or diverged training,
-    2 config/usage error). Compat notes (verl keys with no JAX meaning) go to stderr, one line each. Training is ``jaxrl.trainer.run_training(cfg)``,
+    Returns the process exit status (0 ok, 1 a missing/unreadable model or data file, diverged training or a
+    reward function failing on a whole batch, 2 config/usage error incl. an unusable custom reward function or a
+    data source with no reward function). Compat notes (verl keys with no JAX meaning) go to stderr, one line each.
+    Training is ``jaxrl.trainer.run_training(cfg)``,
     imported only after the config is valid.
     """
     parser = _parser()
@@ -85,6 +89,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     from jaxrl.checkpoint import CheckpointIncompatibleError, CheckpointRestoreError, CheckpointSaveError
     from jaxrl.data.sources import DataFileError
+    from jaxrl.rewards import UnknownDataSourceError
+    from jaxrl.rewards.custom import CustomRewardError
+    from jaxrl.rewards.factory import check_custom_reward
+    from jaxrl.rewards.manager import RewardError
+    from jaxrl.rewards.pool import WorkerStartError
+
+    try:
+        check_custom_reward(loaded.config)  # a bad custom reward file fails now, before jax is imported
+    except FileNotFoundError as e:
+        print(f"jaxrl: error: {e}", file=sys.stderr)
+        return 1
+    except CustomRewardError as e:  # the custom reward file or its signature: a usage error
+        print(f"jaxrl: error: {e}", file=sys.stderr)
+        return 2
     from jaxrl.rollout.base import WeightSyncError
     from jaxrl.runlock import RunLockError
     from jaxrl.trainer import NonFiniteTrainingError, run_training  # heavy (jax); only after the config is valid
@@ -98,6 +116,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             CheckpointSaveError) as e:  # names the culprit and the fix (a failed final save: the newest checkpoint)
         print(f"jaxrl: error: {e}", file=sys.stderr)
         return 1
+    except CustomRewardError as e:  # the custom reward file (changed since the check) or its signature
+        print(f"jaxrl: error: {e}", file=sys.stderr)
+        return 2
+    except (RewardError, WorkerStartError) as e:  # the reward function failed on a whole batch: no silent zeros
+        print(f"jaxrl: error: {e}", file=sys.stderr)
+        if e.traceback:
+            print(f"jaxrl: the first failure's traceback (in the scoring process):\n{e.traceback.rstrip()}",
+                  file=sys.stderr)
+        return 1
+    except UnknownDataSourceError as e:  # rows no reward function can score: a usage error, before the model loads
+        print(f"jaxrl: error: {e}", file=sys.stderr)
+        return 2
     except WeightSyncError as e:  # the rollout engine could not take the new weights: stop, keep the checkpoints
         print(f"jaxrl: error: {e}", file=sys.stderr)
         print(f"jaxrl: {_checkpoint_hint(loaded.config)}", file=sys.stderr)

@@ -24,8 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from jaxrl.batch import RLBatch, concat_batches
-from jaxrl.metrics import MetricsLogger, batch_metrics, plot_rewards, timed, validation_metrics
-from jaxrl.rewards.shaping import groups_with_signal, overlong_penalty
+from jaxrl.metrics import MetricsLogger, _stats, batch_metrics, plot_rewards, timed, validation_metrics
+from jaxrl.rewards.manager import RewardOutput
+from jaxrl.rewards.shaping import groups_with_signal
 
 log = logging.getLogger("jaxrl")
 
@@ -51,6 +52,7 @@ class Components:
     critic: object | None = None
     placement: object | None = None  # jaxrl.workers.placement.Placement; None = every role on one device
     translator: object | None = None  # sharding.Translator actor params -> rollout layout (a placement, or vLLM)
+    reward_model: object | None = None  # jaxrl.workers.reward_model.RewardModelWorker (reward_model.enable)
     lock: object | None = None  # jaxrl.runlock.RunLock on out_dir, held until run_training ends
     resume_from: tuple | None = None  # find_resume_checkpoint's answer: (root, step | None), or None = fresh start
 
@@ -96,6 +98,55 @@ def score_responses(reward, rows: list[dict], prompt_index: np.ndarray, texts: l
         [(r.get("reward_model") or {}).get("ground_truth") for r in rs],
         [r.get("extra_info") for r in rs],
     )
+
+
+def score_with_reward_model(rm, reward, rows: list[dict], prompt_index: np.ndarray, batch: RLBatch,
+                            texts: list[str], metrics: dict, *, combine: str, prompt_key: str) -> RewardOutput:
+    """Sequence scores of a round with a reward model, combined with the rule reward as ``reward_model.combine`` says.
+
+    * ``"replace"`` (verl: with ``reward_model.enable`` its reward managers return the RM's ``rm_scores`` and do not
+      call the rule function): score = RM score. Rows whose ``reward_model.style`` is ``"rule"`` (or unset) are
+      still rule-scored, for the log and for ``acc`` (dynamic sampling); rows marked ``"model"`` (verl's marker for
+      data with no rule, e.g. full_hh_rlhf) are not.
+    * ``"sum"``: score = RM score + rule score; every row is rule-scored.
+
+    Args:
+      rm: a :class:`jaxrl.workers.reward_model.RewardModelWorker`.
+      reward: the rule :class:`jaxrl.rewards.RewardManager`.
+      rows, prompt_index, texts: as :func:`score_responses` takes them; ``rows[prompt_index[i]]`` is response ``i``'s.
+      batch: the round's ids and masks ``[N, P]`` / ``[N, R]``.
+      metrics: gets ``reward/rm_score/{mean,max,min}``, ``reward/rule_score/{mean,max,min}`` (over rule-scored rows)
+        and, when the RM re-tokenizes, ``reward/rm_num_truncated`` (inputs cut at ``reward_model.max_length``).
+      combine: ``"replace"`` or ``"sum"``.
+      prompt_key: the rows' raw-prompt field (re-tokenized RM inputs are built from it).
+
+    Returns:
+      a :class:`RewardOutput` whose ``scores`` ``[N]`` float32 are the combined scores; errors, timeouts and extra
+      outputs (``None`` for rows not rule-scored) are the rule function's.
+    """
+    rs = [rows[i] for i in prompt_index]
+    out = rm.score(batch, [r.get(prompt_key) for r in rs] if rm.retokenizes else None)
+    metrics.update(_stats("reward/rm_score", out.scores))
+    if rm.retokenizes:
+        metrics["reward/rm_num_truncated"] = metrics.get("reward/rm_num_truncated", 0) + out.num_truncated
+    ruled = np.ones(len(rs), bool) if combine == "sum" else np.asarray(
+        [((r.get("reward_model") or {}).get("style") or "rule") != "model" for r in rs], bool)
+    idx = np.flatnonzero(ruled)
+    scores = out.scores.astype(np.float32)
+    if idx.size == 0:
+        return RewardOutput(scores=scores, num_errors=0, num_timeouts=0, first_error=None)
+    rule = score_responses(reward, rows, np.asarray(prompt_index)[idx], [texts[i] for i in idx])
+    metrics.update(_stats("reward/rule_score", rule.scores.astype(np.float32)))
+    if combine == "sum":
+        scores = scores + rule.scores.astype(np.float32)
+    extra = {}
+    for key, values in rule.extra.items():
+        full = [None] * len(rs)
+        for i, v in zip(idx, values):
+            full[i] = v
+        extra[key] = full
+    return RewardOutput(scores=scores, num_errors=rule.num_errors, num_timeouts=rule.num_timeouts,
+                        first_error=rule.first_error, extra=extra, first_traceback=rule.first_traceback)
 
 
 def _extra_as_array(rew, key: str, default: np.ndarray) -> np.ndarray:
@@ -268,17 +319,15 @@ class Trainer:
         )
         with timed("reward", t):
             texts = decode_responses(c.tokenizer, batch.response_ids, batch.response_mask)
-            rew = score_responses(c.reward, prompts.rows, out.prompt_index, texts)
+            rew = self._score(prompts.rows, out.prompt_index, batch, texts, metrics)
             _add(metrics, "reward/num_errors", rew.num_errors)
             _add(metrics, "reward/num_timeouts", rew.num_timeouts)
             scores = rew.scores.astype(np.float32)
-            ob = cfg.reward_model.overlong_buffer
-            if ob.enable:
-                penalty = overlong_penalty(
-                    batch.response_mask.sum(-1), max_response_length=batch.response_width, buffer_len=ob.len,
-                    penalty_factor=ob.penalty_factor,
-                )
+            penalty = c.reward.overlong_penalty(batch.response_mask.sum(-1), batch.response_width)
+            if penalty is not None:  # DAPO's soft overlong punishment (reward_model.overlong_buffer / dapo kwargs)
                 metrics["reward/overlong_penalty_mean"] = float(penalty.mean())
+                if c.reward.overlong.log:
+                    metrics["reward/overlong_ratio"] = float((penalty < 0).mean())
                 scores = scores + penalty
             batch.token_level_scores = place_scores_on_last_token(scores, batch.response_mask)
         if cfg.algorithm.adv_estimator == "remax":
@@ -286,7 +335,10 @@ class Trainer:
                 greedy = dataclasses.replace(sp, n=1, do_sample=False)
                 base_out = c.rollout.generate(prompts.prompt_ids, greedy)
                 base_texts = decode_responses(c.tokenizer, base_out.response_ids, base_out.response_mask)
-                base = score_responses(c.reward, prompts.rows, base_out.prompt_index, base_texts).scores
+                base_batch = RLBatch(prompt_ids=base_out.prompt_ids, prompt_mask=base_out.prompt_mask,
+                                     response_ids=base_out.response_ids, response_mask=base_out.response_mask,
+                                     group_ids=base_out.prompt_index)
+                base = self._score(prompts.rows, base_out.prompt_index, base_batch, base_texts, {}).scores
             batch.reward_baselines = np.asarray(base, np.float32)[out.prompt_index]
         seq = {
             "score": rew.scores,
@@ -295,6 +347,15 @@ class Trainer:
             "seq_final_reward": scores,
         }
         return batch, seq
+
+    def _score(self, rows, prompt_index, batch: RLBatch, texts, metrics: dict) -> RewardOutput:
+        """Sequence scores of a round: the rule reward, or with ``reward_model.enable`` the reward model's combined
+        with it (:func:`score_with_reward_model`)."""
+        c = self.c
+        if c.reward_model is None:
+            return score_responses(c.reward, rows, prompt_index, texts)
+        return score_with_reward_model(c.reward_model, c.reward, rows, prompt_index, batch, texts, metrics,
+                                       combine=c.cfg.reward_model.combine, prompt_key=c.cfg.data.prompt_key)
 
     def _seed(self) -> int:
         return int(self.c.cfg.trainer.seed) * 1_000_003 + self.step
@@ -655,8 +716,9 @@ def build(cfg) -> Components:
     First of all the run folder (``trainer.default_local_dir``) is locked (:class:`jaxrl.runlock.RunLock`: a
     second run there fails at once) and the checkpoint to resume from is located (a missing
     ``trainer.resume_from_path`` fails here). The device placement (``trainer.mesh`` / ``placement``) is checked
-    next and data files are read after it, so a mesh that does not fit the devices or a missing or malformed file
-    fails before the (slow) model load. The lock is released by :func:`run_training` (or here, if building fails).
+    next and data files are read after it, so a mesh that does not fit the devices, a missing or malformed file or
+    a data source no reward function scores fails before the (slow) model load. The lock is released by
+    :func:`run_training` (or here, if building fails).
 
     Raises:
       jaxrl.runlock.RunLockError: another run holds the folder.
@@ -684,12 +746,19 @@ def _build_components(cfg, out_dir: Path) -> Components:
     from jaxrl.workers.placement import placement_from_config
 
     arr = cfg.actor_rollout_ref
+    reward = _build_reward(cfg)  # a bad custom reward file fails here, first (scoring processes start later)
     placement = placement_from_config(cfg)  # device counts checked before anything slow
     if placement is not None:
         log.info("placement %s", placement.describe())
 
     train_rows, val_rows = _read_rows(cfg.data)
+    _check_data_sources(cfg, train_rows, val_rows)  # no built-in scorer and no custom reward: fail before the model
     pre, tokenizer = _load_policy(arr.model)
+    reward_model = None
+    if cfg.reward_model.enable:  # verl's RewardModelWorker, frozen, on the train mesh
+        from jaxrl.workers.reward_model import build_reward_model_worker
+
+        reward_model = build_reward_model_worker(cfg, pre.config, tokenizer, **_mesh_args(placement))
     graphdef, params = nnx.split(pre.model)
     train_data, val_examples = _prompt_pipelines(
         cfg.data, tokenizer, train_rows, val_rows, dynamic_sampling=cfg.algorithm.filter_groups.enable
@@ -699,7 +768,6 @@ def _build_components(cfg, out_dir: Path) -> Components:
     actor, ref = _build_actor_and_reference(cfg, graphdef, params, total, placement)
     critic = _build_critic(cfg, pre, total, placement) if cfg.algorithm.adv_estimator == "gae" else None
     rollout, translator = _build_rollout(cfg, pre.config, graphdef, params, tokenizer, actor, placement)
-    reward = _build_reward(cfg)
     logger = MetricsLogger(
         cfg.trainer.logger, out_dir, project_name=cfg.trainer.project_name,
         experiment_name=cfg.trainer.experiment_name, config=config_to_dict(cfg),
@@ -719,7 +787,7 @@ def _build_components(cfg, out_dir: Path) -> Components:
         cfg=cfg, tokenizer=tokenizer, model_cfg=pre.config, actor=actor, ref=ref, rollout=rollout, reward=reward,
         train_data=train_data, val_rows=val_examples, logger=logger, out_dir=out_dir, total_training_steps=total,
         store=store, model_meta=model_meta(pre.config, path=arr.model.path, param_dtype=arr.model.param_dtype),
-        critic=critic, placement=placement, translator=translator,
+        critic=critic, placement=placement, translator=translator, reward_model=reward_model,
     )
 
 
@@ -732,6 +800,19 @@ def _read_rows(d) -> tuple[list[dict], list[dict] | None]:
     if val_rows and d.val_max_samples and d.val_max_samples > 0:
         val_rows = val_rows[: d.val_max_samples]
     return train_rows, val_rows
+
+
+def _check_data_sources(cfg, train_rows, val_rows) -> None:
+    """``jaxrl.rewards.check_data_sources`` on the first rows of the train and validation files."""
+    from jaxrl.rewards import CHECKED_ROWS, check_data_sources
+
+    custom = bool(cfg.custom_reward_function.path)
+    # with a reward model that replaces the rule reward, rows marked style="model" never reach a rule function
+    rm_only = cfg.reward_model.enable and cfg.reward_model.combine == "replace"
+    for key, rows in (("train_files", train_rows), ("val_files", val_rows or [])):
+        sources = (r.get("data_source") for r in rows[:CHECKED_ROWS]
+                   if not (rm_only and (r.get("reward_model") or {}).get("style") == "model"))
+        check_data_sources(sources, custom_reward=custom, origin=f"data.{key}={getattr(cfg.data, key)!r}")
 
 
 def _load_policy(model_cfg):
@@ -866,16 +947,12 @@ def _build_critic(cfg, policy, total_training_steps, placement=None):
 
 
 def _build_reward(cfg):
-    """The reward manager around the custom ``compute_score`` or the built-in dispatcher."""
+    """The reward manager (``reward_model.reward_manager``) around the custom ``compute_score`` (imported and its
+    signature checked now) or the built-in dispatcher; its scoring processes start with :meth:`start`."""
     from jaxrl.rewards import default_compute_score
-    from jaxrl.rewards.custom import load_custom_reward_fn
-    from jaxrl.rewards.manager import RewardManager
+    from jaxrl.rewards.factory import build_reward_manager
 
-    if cfg.custom_reward_function.path:
-        fn = load_custom_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name)
-    else:
-        fn = default_compute_score
-    return RewardManager(fn, timeout_s=cfg.reward_model.timeout_s, num_workers=cfg.reward_model.num_workers)
+    return build_reward_manager(cfg, default_compute_score)
 
 
 def _load_rows_with_hint(files, data_cfg) -> list[dict]:
@@ -915,8 +992,10 @@ def run_training(cfg) -> dict[str, float]:
         )
         trainer = Trainer(c)
         try:
+            c.reward.start()  # scoring processes import the reward function while the first rollout compiles
             last = trainer.fit()
         finally:
+            c.reward.close()  # no scoring process outlives the run
             c.logger.close()
             shutdown = getattr(c.rollout, "shutdown", None)  # vLLM: its engine (and worker process, if any)
             if shutdown is not None:

@@ -38,7 +38,13 @@ _KERNELS = "XLA fuses kernels; Liger/Triton/flash kernels do not apply"
 _CRITIC_TOKENIZER = "the critic scores the actor's token ids; it loads no tokenizer of its own"
 _CRITIC_ENABLE = "jaxrl builds and trains the critic exactly when algorithm.adv_estimator=gae"
 _CRITIC_ROLLOUT_N = "the critic always uses actor_rollout_ref.rollout.n responses per prompt"
-_RM_MODEL = "used only by a model reward model (reward_model.enable=True, not supported yet)"
+_REWARD_LOOP = (
+    "reward managers are chosen by name (reward_model.reward_manager: naive, prime, dapo, batch); "
+    "user-defined manager classes are not supported"
+)
+_RM_PLACE = "jaxrl runs the reward model as a jitted Flax model on the train mesh; no separate resource pool"
+_RM_LOOP = ("verl's reward-loop server (vLLM/SGLang) settings; jaxrl scores the reward model in-process on the train "
+            "mesh, as verl's RewardModelWorker does")
 _RAY = "jaxrl is a single-controller JAX program; no Ray cluster, worker groups or NCCL groups"
 _MULTI_TURN = "multi-turn/tool rollout is not supported yet; only multi_turn.enable=False is valid"
 _LORA = "LoRA is not supported yet (full fine-tuning only); only lora_rank=0 is valid"
@@ -129,7 +135,10 @@ NOTES: dict[str, str] = {
     "data.filter_overlong_prompts_workers": "overlong-prompt filtering runs in-process; the worker count is not used",
     "data.use_shm": "datasets load from local files; no shared-memory copy",
     "data.trust_remote_code": "jaxrl runs no remote tokenizer code",
-    "data.return_raw_input_ids": "only needed for a model reward model with another chat template (not supported yet)",
+    "data.return_raw_input_ids": (
+        "jaxrl keeps the raw prompt with every sample; the reward model re-tokenizes from it "
+        "(reward_model.model.input_tokenizer)"
+    ),
     "data.return_raw_chat": "jaxrl keeps the raw prompt with every sample; nothing to switch on",
     "data.return_full_prompt": "jaxrl keeps the full prompt text with every sample; nothing to switch on",
     "data.return_multi_modal_inputs": "text-only data; multi-modal inputs are not supported",
@@ -180,16 +189,31 @@ NOTES: dict[str, str] = {
     "critic.optim.override_optimizer_config": "no extra optimizer kwargs in jaxrl; only null is valid",
     "critic.optim.num_cycles": "jaxrl's cosine schedule is the half cosine; only 0.5 is valid",
     "critic.data_loader_seed": "the critic trains on the actor's batch; it has no data loader",
-    # ---- model reward model (later issue)
-    "reward_model.strategy": _RM_MODEL,
-    "reward_model.model.*": _RM_MODEL,
-    "reward_model.micro_batch_size": _RM_MODEL,
-    "reward_model.micro_batch_size_per_gpu": _RM_MODEL,
-    "reward_model.max_length": _RM_MODEL,
-    "reward_model.use_dynamic_bsz": _RM_MODEL,
-    "reward_model.forward_max_token_len_per_gpu": _RM_MODEL,
-    "reward_model.ulysses_sequence_parallel_size": _RM_MODEL,
+    # ---- model reward model (explicit keys: reward_model.model.path / input_tokenizer are real fields)
+    "reward_model.strategy": _STRATEGY,
+    "reward_model.model.trust_remote_code": "jaxrl runs its own Flax model code; no remote code is executed",
+    "reward_model.model.external_lib": "jaxrl runs its own Flax model code; no HF model classes are imported",
+    "reward_model.model.override_config": "jaxrl builds the reward model from its checkpoint's config; only {} is valid",
+    "reward_model.model.use_shm": "models load from local files; no shared-memory copy",
+    "reward_model.model.use_remove_padding": "jaxrl packs nothing; padding is masked and shapes bucketed",
+    "reward_model.model.use_fused_kernels": _KERNELS,
+    "reward_model.model.fsdp_config.*": _FSDP,
+    "reward_model.micro_batch_size": _DEPRECATED_MBS,
+    "reward_model.use_dynamic_bsz": _DYN_BSZ,
+    "reward_model.forward_max_token_len_per_gpu": _DYN_BSZ,
+    "reward_model.ulysses_sequence_parallel_size": _SP,
+    "reward_model.enable_resource_pool": _RM_PLACE,
+    "reward_model.n_gpus_per_node": _RM_PLACE,
+    "reward_model.nnodes": _RM_PLACE,
+    "reward_model.rollout.*": _RM_LOOP,
     "reward_model.launch_reward_fn_async": "reward scoring concurrency is reward_model.num_workers in jaxrl",
+    "reward_model.use_reward_loop": (
+        "jaxrl always scores in its own worker processes (reward_model.num_workers, reward_model.timeout_s)"
+    ),
+    "reward_model.reward_loop_source": _REWARD_LOOP,
+    "reward_model.reward_loop_module_path": _REWARD_LOOP,
+    "reward_model.reward_loop_class_name": _REWARD_LOOP,
+    "data.reward_fn_key": "the data source is read from each row's data_source field (verl's default)",
     "reward_model.sandbox_fusion.*": "sandbox code execution rewards are not supported yet",
 }
 
@@ -209,6 +233,10 @@ REQUIRED_VALUES: dict[str, tuple[Any, ...]] = {
     "actor_rollout_ref.model.lora_rank": (0,),
     "actor_rollout_ref.rollout.multi_turn.enable": (False,),
     "data.validation_shuffle": (False,),
+    "data.reward_fn_key": ("data_source",),
+    "reward_model.reward_loop_source": ("register",),
+    "reward_model.reward_loop_module_path": (None,),
+    "reward_model.reward_loop_class_name": (None,),
     "trainer.default_hdfs_dir": (None,),
     "critic.model.override_config": ({},),
     "critic.model.lora_rank": (0,),
@@ -219,6 +247,10 @@ REQUIRED_VALUES: dict[str, tuple[Any, ...]] = {
     "critic.optim.optimizer": ("AdamW", "adamw"),
     "critic.optim.override_optimizer_config": (None,),
     "critic.optim.num_cycles": (0.5,),
+    "reward_model.model.override_config": ({},),
+    "reward_model.micro_batch_size": (None,),
+    "reward_model.use_dynamic_bsz": (False,),
+    "reward_model.ulysses_sequence_parallel_size": (1,),
 }
 
 RENAMES: dict[str, str] = {

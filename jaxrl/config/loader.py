@@ -10,6 +10,7 @@ well under a second.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import math
 import re
 import typing
@@ -43,6 +44,14 @@ class LoadedConfig:
 
 # ------------------------------------------------------------------------------ key lookups
 _LEAVES, _SECTIONS = schema.schema_keys()
+# Free-form mapping fields (``reward_model.reward_kwargs``): ``field.a.b=value`` sets a key inside them,
+# as Hydra's ``+reward_model.reward_kwargs.max_resp_len=...`` does in verl.
+_MAPPING_LEAVES = tuple(k for k, tp in _LEAVES.items() if typing.get_origin(tp) is dict)
+
+
+def _mapping_leaf(key: str) -> str | None:
+    """The mapping field ``key`` points inside (``'reward_model.reward_kwargs.x.y'`` -> its field), or None."""
+    return next((m for m in _MAPPING_LEAVES if key.startswith(m + ".")), None)
 
 
 def _type_name(tp: Any) -> str:
@@ -55,6 +64,8 @@ def _type_name(tp: Any) -> str:
         return " or ".join(_type_name(a) for a in inner) + " or null"
     if origin is list:
         return f"a list of {_type_name(args[0])}" if args else "a list"
+    if origin is dict:
+        return "a mapping (key: value, ...)"
     return {int: "int", float: "float", bool: "bool (True/False)", str: "str"}.get(tp, getattr(tp, "__name__", str(tp)))
 
 
@@ -170,7 +181,7 @@ def _classify(pairs: list[tuple[str, Any, str]]) -> tuple[list[tuple[str, Any, s
     kept: list[tuple[str, Any, str]] = []
     notes: dict[str, compat.CompatNote] = {}
     for key, value, source in pairs:
-        if key in _LEAVES:
+        if key in _LEAVES or _mapping_leaf(key) is not None:
             note = compat.lookup_note(key, schema_field=True)
             if note is not None:
                 notes[key] = compat.CompatNote(key, value, note)
@@ -196,6 +207,8 @@ def _prepare(key: str, value: Any) -> Any:
         value = expand_shared(value)
     elif isinstance(value, list):
         value = [expand_shared(v) if isinstance(v, str) else v for v in value]
+    if key not in _LEAVES:  # a key inside a mapping field: any value
+        return value
     if typing.get_origin(_LEAVES[key]) is list and value is not None and not isinstance(value, list):
         value = [value]
     return value
@@ -207,7 +220,7 @@ def _assign(cfg: Any, kept: list[tuple[str, Any, str]]) -> None:
         try:
             OmegaConf.update(cfg, key, value, merge=False)
         except OmegaConfBaseException:
-            expected = _type_name(_LEAVES[key])
+            expected = _type_name(_LEAVES.get(key) or _LEAVES[_mapping_leaf(key)])
             if value is None:
                 raise ConfigError(f"{key}=null is invalid; expected {expected} (from {source})") from None
             raise ConfigError(
@@ -474,15 +487,15 @@ def _validate(cfg: JaxRLConfig) -> None:
     c.int_at_least("trainer.max_nonfinite_steps", 1)
     _validate_mesh(cfg, c)
     # rewards
-    if cfg.reward_model.enable:
-        raise ConfigError(
-            "reward_model.enable=True is not supported yet: a model-based reward model is a later feature; "
-            "set reward_model.enable=False and score with a rule (built-in by data_source, or "
-            "custom_reward_function.path)"
-        )
+    _validate_reward_model(cfg, c)
     c.choice("reward_model.reward_manager", schema.REWARD_MANAGER_CHOICES)
     c.real("reward_model.timeout_s", 0.0, lo_open=True)
-    c.int_at_least("reward_model.num_workers", 1)
+    c.int_at_least("reward_model.num_workers", 0, nullable=True)
+    if cfg.reward_model.max_error_fraction is not None:
+        c.real("reward_model.max_error_fraction", 0.0, 1.0)
+    c.choice("reward_model.math_verifier", schema.MATH_VERIFIER_CHOICES)
+    if cfg.reward_model.math_verifier == "math_verify" and importlib.util.find_spec("math_verify") is None:
+        c.fail("reward_model.math_verifier", "'rule', or install math-verify: pip install 'math-verify[antlr4_13_2]'")
     c.real("reward_model.overlong_buffer.penalty_factor", 0.0)
     ob = cfg.reward_model.overlong_buffer
     if ob.enable and not (_is_int(ob.len) and 1 <= ob.len <= cfg.data.max_response_length):
@@ -491,10 +504,98 @@ def _validate(cfg: JaxRLConfig) -> None:
             f"an int in [1, data.max_response_length={cfg.data.max_response_length}] when "
             "reward_model.overlong_buffer.enable=True (the penalty ramps over the last `len` tokens)",
         )
+    _validate_reward_kwargs(cfg)
     c.text("custom_reward_function.path", nullable=True)
     if not (isinstance(cfg.custom_reward_function.name, str) and cfg.custom_reward_function.name.isidentifier()):
         c.fail("custom_reward_function.name", "a Python function name, e.g. 'compute_score'")
+    for key, value in cfg.custom_reward_function.reward_kwargs.items():
+        if not (isinstance(key, str) and key.isidentifier()):
+            raise ConfigError(
+                f"custom_reward_function.reward_kwargs has the key {key!r}={value!r}; expected keyword-argument "
+                "names (Python identifiers)"
+            )
     _validate_cross(cfg)
+
+
+_DAPO_OVERLONG_TYPES = {"enable": bool, "len": int, "penalty_factor": float, "log": bool}
+
+
+def _validate_reward_kwargs(cfg: JaxRLConfig) -> None:
+    """``reward_model.reward_kwargs`` by manager, as verl's managers take them: ``dapo`` knows
+    ``overlong_buffer_cfg.{enable,len,penalty_factor,log}`` and ``max_resp_len``; ``batch`` passes them to the
+    custom function (checked against its signature at start); ``naive`` / ``prime`` take none."""
+    rm = cfg.reward_model
+    kw = rm.reward_kwargs
+    prefix = "reward_model.reward_kwargs"
+    if rm.reward_manager == "batch" and not cfg.custom_reward_function.path:
+        raise ConfigError(
+            "reward_model.reward_manager='batch' needs custom_reward_function.path: a function "
+            "compute_score(data_sources, solution_strs, ground_truths, extra_infos, **kwargs) returning one "
+            "score per response (or use reward_manager=naive for the built-in scorers)"
+        )
+    if not kw:
+        return
+    if rm.reward_manager == "batch":
+        for key in kw:
+            if not (isinstance(key, str) and key.isidentifier()):
+                raise ConfigError(f"{prefix} has the key {key!r}; expected keyword-argument names for the function")
+        return
+    if rm.reward_manager != "dapo":
+        raise ConfigError(
+            f"{prefix}={dict(kw)!r} is not used by reward_model.reward_manager={rm.reward_manager!r} (verl's "
+            f"{rm.reward_manager} manager takes no arguments); expected reward_manager='dapo' (overlong_buffer_cfg, "
+            "max_resp_len) or 'batch' (keyword arguments for the function), or no reward_kwargs"
+        )
+    unknown = sorted(set(kw) - {"overlong_buffer_cfg", "max_resp_len"})
+    if unknown:
+        raise ConfigError(
+            f"{prefix}.{unknown[0]}={kw[unknown[0]]!r} is not an argument of the dapo reward manager; "
+            "valid: overlong_buffer_cfg.{enable,len,penalty_factor,log}, max_resp_len"
+        )
+    ob_cfg = kw.get("overlong_buffer_cfg") or {}
+    if not isinstance(ob_cfg, dict):
+        raise ConfigError(f"{prefix}.overlong_buffer_cfg={ob_cfg!r} is invalid; expected a mapping with keys "
+                          "enable, len, penalty_factor, log")
+    for key, value in ob_cfg.items():
+        tp = _DAPO_OVERLONG_TYPES.get(key)
+        if tp is None:
+            raise ConfigError(
+                f"{prefix}.overlong_buffer_cfg.{key}={value!r} is not a setting of the overlong buffer; "
+                f"valid: {', '.join(_DAPO_OVERLONG_TYPES)}"
+            )
+        ok = (isinstance(value, bool) if tp is bool else _is_int(value) if tp is int else _real(value))
+        if not ok:
+            raise ConfigError(f"{prefix}.overlong_buffer_cfg.{key}={value!r} is invalid; expected {_type_name(tp)}")
+    ob = cfg.reward_model.overlong_buffer
+    enable = ob_cfg.get("enable", ob.enable)
+    length = ob_cfg.get("len", ob.len)
+    factor = ob_cfg.get("penalty_factor", ob.penalty_factor)
+    max_resp_len = kw.get("max_resp_len")
+    if max_resp_len is not None and not (_is_int(max_resp_len) and max_resp_len >= 1):
+        raise ConfigError(f"{prefix}.max_resp_len={max_resp_len!r} is invalid; expected an int >= 1 (tokens)")
+    if enable:
+        horizon = max_resp_len if max_resp_len is not None else cfg.data.max_response_length
+        if not 1 <= length <= horizon:
+            raise ConfigError(
+                f"{prefix}.overlong_buffer_cfg.len={length!r} is invalid; expected an int in [1, max_resp_len="
+                f"{horizon}] (verl: max_resp_len must be larger than overlong_buffer.len)"
+            )
+        if factor < 0:
+            raise ConfigError(f"{prefix}.overlong_buffer_cfg.penalty_factor={factor!r} is invalid; expected >= 0")
+
+
+def _validate_reward_model(cfg: JaxRLConfig, c: _Checks) -> None:
+    """``reward_model.*`` of the model reward model: checked only when ``reward_model.enable``."""
+    if not cfg.reward_model.enable:
+        return
+    if cfg.reward_model.model.path is None:
+        c.fail("reward_model.model.path", "the reward model checkpoint when reward_model.enable=True: a Hugging Face "
+               "Llama/Qwen2/Qwen3 *ForSequenceClassification directory")
+    c.text("reward_model.model.path")
+    c.text("reward_model.model.input_tokenizer", nullable=True)
+    c.int_at_least("reward_model.micro_batch_size_per_gpu", 1, nullable=True)
+    c.int_at_least("reward_model.max_length", 1, nullable=True)
+    c.choice("reward_model.combine", schema.RM_COMBINE_CHOICES)
 
 
 def _validate_cross(cfg: JaxRLConfig) -> None:
@@ -621,6 +722,8 @@ def check_mesh_batch_sizes(cfg: JaxRLConfig, sizes: dict[str, int]) -> None:
         ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", arr.rollout.log_prob_micro_batch_size_per_gpu),
         ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", arr.ref.log_prob_micro_batch_size_per_gpu),
     ]
+    if cfg.reward_model.enable:
+        checks.append(("reward_model.micro_batch_size_per_gpu", cfg.reward_model.micro_batch_size_per_gpu))
     if cfg.algorithm.adv_estimator in schema.CRITIC_ADV_ESTIMATORS:
         k = cfg.critic
         critic_rows = k.ppo_micro_batch_size_per_gpu or (k.ppo_mini_batch_size or arr.actor.ppo_mini_batch_size) * n

@@ -57,7 +57,9 @@ FILTER_GROUPS_METRIC_CHOICES: tuple[str, ...] = ("acc", "score", "seq_reward", "
 KL_CTRL_TYPE_CHOICES: tuple[str, ...] = ("fixed", "adaptive")
 LOGGER_CHOICES: tuple[str, ...] = ("console", "jsonl", "tensorboard", "wandb")
 RESUME_MODE_CHOICES: tuple[str, ...] = ("auto", "disable", "resume_path")  # = jaxrl.checkpoint.RESUME_MODES
-REWARD_MANAGER_CHOICES: tuple[str, ...] = ("naive",)
+REWARD_MANAGER_CHOICES: tuple[str, ...] = ("naive", "prime", "dapo", "batch")  # = jaxrl.rewards.manager.REWARD_MANAGERS
+MATH_VERIFIER_CHOICES: tuple[str, ...] = ("rule", "math_verify")  # = jaxrl.rewards.MATH_VERIFIERS
+RM_COMBINE_CHOICES: tuple[str, ...] = ("replace", "sum")  # reward_model.combine
 PLACEMENT_CHOICES: tuple[str, ...] = ("colocated", "split")  # = jaxrl.workers.placement.PLACEMENTS
 MESH_AXIS_CHOICES: tuple[str, ...] = ("data", "fsdp", "tensor")  # = sharding.mesh.MESH_AXES
 # Logical axis names the decoder / value model parameters carry, plus "batch" (= the rows of every batch array);
@@ -353,17 +355,47 @@ class OverlongBufferConfig:
     # len / penalty_factor defaults are the DAPO recipe's (verl's yaml has placeholders 0 / 0.0).
     len: int = 4096  # buffer length in tokens; in [1, data.max_response_length] when enabled
     penalty_factor: float = 1.0  # penalty at the full response length, >= 0
-    log: bool = False  # also log the penalty per response (reward extra info)
+    log: bool = False  # also log reward/overlong_ratio (the fraction of responses penalised)
+
+
+@dataclass
+class RewardModelModelConfig:
+    """``reward_model.model.*``: the reward model checkpoint (used when ``reward_model.enable``)."""
+
+    # a Hugging Face Llama/Qwen2/Qwen3 *ForSequenceClassification directory (safetensors); required when enabled
+    path: Optional[str] = None
+    # tokenizer of the policy's ids; set = decode each response and re-tokenize it with the RM's own tokenizer and
+    # chat template (verl's default: the policy path); null = the RM reads the policy's token ids as they are
+    input_tokenizer: Optional[str] = "${actor_rollout_ref.model.path}"
 
 
 @dataclass
 class RewardModelConfig:
-    """``reward_model.*``: reward scoring (rule-based; a model RM is a later feature)."""
+    """``reward_model.*``: reward scoring: rule-based (reward manager) and, with ``enable``, a reward model."""
 
-    enable: bool = False  # True = model-based reward model (not supported yet: the loader rejects it)
-    reward_manager: str = "naive"  # how scores are computed per sample: "naive" (one call per response)
-    timeout_s: float = 30.0  # jaxrl: per-call reward-function timeout in seconds
-    num_workers: int = 1  # jaxrl: parallel scoring workers (1 = score in the trainer process)
+    enable: bool = False  # True = also score every response with the model at reward_model.model.path
+    model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)  # reward model checkpoint
+    micro_batch_size_per_gpu: Optional[int] = None  # responses per RM forward (on a mesh: per call); null = all
+    max_length: Optional[int] = None  # re-tokenized RM input width (longer: cut on the right); null = prompt+response
+    # jaxrl: how the RM score and the rule score make the reward. "replace" (verl: its reward managers return the
+    # RM's scores and skip the rule function): reward = RM score; rows whose reward_model.style is "rule" are still
+    # rule-scored, for the log only. "sum": reward = RM score + rule score (every row rule-scored).
+    combine: str = "replace"
+    # "naive" (one call per response), "prime" (= naive: calls already run in parallel processes), "dapo"
+    # (naive + verl's DAPO overlong buffer from reward_kwargs), "batch" (one call with whole lists)
+    reward_manager: str = "naive"
+    # manager arguments (verl's +reward_model.reward_kwargs.*): dapo reads overlong_buffer_cfg.{enable,len,
+    # penalty_factor,log} and max_resp_len; batch passes them to the function as keyword arguments
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float = 30.0  # jaxrl: seconds one reward call may run (batch: the whole call); its process is killed
+    num_workers: Optional[int] = None  # scoring processes; null = min(8, CPUs); 0 = in the trainer's thread (debug)
+    # jaxrl: stop the run (exit 1) when more than this fraction of a batch's reward calls fail (errors +
+    # timeouts); null = only when all of them fail
+    max_error_fraction: Optional[float] = None
+    # jaxrl: how the built-in MATH scorer (lighteval/MATH, DigitalLearningGmbH/MATH-lighteval, HuggingFaceH4/MATH-500)
+    # compares answers: "rule" (last \boxed{} + Hendrycks string normalisation, verl's default) or "math_verify"
+    # (symbolic equivalence with the math-verify package)
+    math_verifier: str = "rule"
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # DAPO overlong section
 
 
@@ -373,6 +405,7 @@ class CustomRewardFunctionConfig:
 
     path: Optional[str] = None  # .py file holding the function; null = built-in scorer by data_source
     name: str = "compute_score"  # function name inside that file
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)  # extra keyword arguments for every call
 
 
 # ------------------------------------------------------------------------------- top level

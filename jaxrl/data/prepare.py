@@ -2,16 +2,21 @@
 
 Usage::
 
-    python -m jaxrl.data.prepare gsm8k [--input DIR_OR_HUB_ID] --output DIR [--max-rows N]
-    python -m jaxrl.data.prepare math  [--input DIR_OR_HUB_ID] --output DIR [--max-rows N]
+    python -m jaxrl.data.prepare gsm8k   [--input DIR_OR_HUB_ID] --output DIR [--max-rows N]
+    python -m jaxrl.data.prepare math    [--input DIR_OR_HUB_ID] --output DIR [--max-rows N]
+    python -m jaxrl.data.prepare math500 [--input FILE] --output DIR [--max-rows N]
+    python -m jaxrl.data.prepare --from-jsonl FILE --question-field Q --answer-field A --data-source NAME
+                                 [--instruction TEXT] [--split NAME] --output DIR [--max-rows N]
 
 ``--input`` is a local folder (default ``<shared>/data/gsm8k`` resp. ``<shared>/data/math``) holding
 ``train.jsonl``/``test.jsonl`` (or ``train.parquet``/``test.parquet``, or the hub layout
 ``main/train-*.parquet``), or else a Hugging Face hub dataset id (``openai/gsm8k``) whose parquet
-files are fetched with ``huggingface_hub`` (no ``datasets`` dependency).
+files are fetched with ``huggingface_hub`` (no ``datasets`` dependency). ``math500`` reads one file
+(default ``<shared>/data/math/math500_test.jsonl``) and writes ``test.parquet``; ``--from-jsonl`` maps one
+file of the user's own (``.jsonl`` or ``.parquet``) to ``<split>.parquet`` (default ``train``).
 
 The output rows match verl's ``examples/data_preprocess/gsm8k.py`` / ``math_dataset.py`` field for
-field (see :func:`gsm8k_row`, :func:`math_row`). No jax import.
+field (see :func:`gsm8k_row`, :func:`math_row`, :func:`math500_row`, :func:`jsonl_row`). No jax import.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from jaxrl.paths import shared_dir
+from jaxrl.rewards import scorer_name
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +38,13 @@ GSM8K_DATA_SOURCE = "openai/gsm8k"
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 MATH_DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
 MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
+MATH500_DATA_SOURCE = "HuggingFaceH4/MATH-500"
+# the format jaxrl.rewards.math_dapo reads: the answer after "Answer:" on the last line
+MATH_DAPO_INSTRUCTION = (
+    'Solve the problem step by step. The last line of your response must be "Answer: " followed by the final answer.'
+)
+# --from-jsonl's default instruction, by the built-in scorer of --data-source (jaxrl.rewards.scorer_name)
+DEFAULT_INSTRUCTIONS = {"gsm8k": GSM8K_INSTRUCTION, "math": MATH_INSTRUCTION, "math_dapo": MATH_DAPO_INSTRUCTION}
 SPLITS = ("train", "test")
 
 # verl examples/data_preprocess/gsm8k.py: the number after "#### ", commas removed.
@@ -77,6 +90,47 @@ def last_boxed(text: str) -> str | None:
             if depth == 0:
                 return text[i + 1 : j]
     return None
+
+
+def math500_row(example: dict, split: str, index: int) -> dict | None:
+    """One MATH-500 example (``problem``, ``answer``, ...) -> one verl row, as :func:`math_row` but with
+    ``data_source="HuggingFaceH4/MATH-500"`` (verl's name; scored by ``jaxrl.rewards.math``)."""
+    row = math_row(example, split, index)
+    if row is not None:
+        row["data_source"] = MATH500_DATA_SOURCE
+    return row
+
+
+def jsonl_row(
+    example: dict, split: str, index: int, *, question_field: str, answer_field: str, data_source: str,
+    instruction: str, where: str = "",
+) -> dict:
+    """One example of a user's file -> one verl row: ``prompt`` = the question (+ a space and ``instruction``
+    when that is not empty) as one user message, ``reward_model.ground_truth`` = the answer as a string.
+
+    Raises:
+        ValueError: the example is not an object, or its question / answer field is missing or empty (the message
+            names ``where``, the field and the fields the example has).
+    """
+    if not isinstance(example, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(example).__name__}")
+    values = {}
+    for flag, field in (("--question-field", question_field), ("--answer-field", answer_field)):
+        v = example.get(field)
+        if v is None or (isinstance(v, str) and not v.strip()) or isinstance(v, (dict, list)):
+            raise ValueError(
+                f"{where}: {flag} {field!r} is missing, empty or not a scalar; fields of this row: {sorted(example)}"
+            )
+        values[field] = v
+    question = str(values[question_field])
+    content = question + " " + instruction if instruction else question
+    return {
+        "data_source": data_source,
+        "prompt": [{"role": "user", "content": content}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": str(values[answer_field]).strip()},
+        "extra_info": {"split": split, "index": index},
+    }
 
 
 def math_row(example: dict, split: str, index: int) -> dict | None:
@@ -203,44 +257,147 @@ def prepare(
     return counts
 
 
+def prepare_file(
+    input_file: Path,
+    output_file: Path,
+    row_fn: Callable[[dict, str, int], dict | None],
+    *,
+    split: str,
+    max_rows: int | None = None,
+) -> dict[str, int]:
+    """Convert one raw ``.jsonl`` / ``.parquet`` file into ``output_file`` (parquet, verl rows).
+
+    Args:
+        input_file: the raw file.
+        output_file: the parquet file to write (its folder is created).
+        row_fn: ``(raw_example, split, index) -> row`` or None to skip (counted).
+        split: written into each row's ``extra_info.split``.
+        max_rows: keep only the first N raw examples.
+
+    Returns:
+        ``{"written": n, "skipped": k}``.
+
+    Raises:
+        FileNotFoundError: ``input_file`` does not exist.
+        ValueError: ``max_rows`` < 1, an invalid JSON line, or whatever ``row_fn`` raises.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if max_rows is not None and max_rows < 1:
+        raise ValueError(f"--max-rows must be >= 1, got {max_rows}")
+    if not input_file.is_file():
+        raise FileNotFoundError(f"input file {str(input_file)!r} does not exist")
+    raw = _read_split_file(input_file)
+    if max_rows is not None:
+        raw = raw[:max_rows]
+    rows = [r for r in (row_fn(ex, split, i) for i, ex in enumerate(raw)) if r is not None]
+    if len(rows) < len(raw):
+        logger.warning("%s: skipped %d of %d rows (no answer)", input_file, len(raw) - len(rows), len(raw))
+    if not rows:
+        raise ValueError(f"{input_file}: no rows to write")
+    output_file.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), output_file)
+    return {"written": len(rows), "skipped": len(raw) - len(rows)}
+
+
 DATASETS = {
     "gsm8k": (gsm8k_row, "gsm8k"),
     "math": (math_row, "math"),
+    "math500": (math500_row, "math"),  # one file: <shared>/data/math/math500_test.jsonl -> test.parquet
 }
+MATH500_FILE = "math500_test.jsonl"
+
+
+def _print_counts(name: str, counts: dict[str, dict[str, int]], output: Path) -> None:
+    for split, c in counts.items():
+        print(
+            f"{name} {split}: wrote {c['written']} rows, skipped {c['skipped']} -> {output / (split + '.parquet')}"
+        )
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, int]]:
-    """CLI entry point; returns the per-split counts (also printed)."""
+    """CLI entry point; returns the per-split counts (also printed).
+
+    Raises:
+        SystemExit: usage errors (argparse's exit 2), e.g. both or neither of a dataset and ``--from-jsonl``.
+    """
     parser = argparse.ArgumentParser(
-        prog="python -m jaxrl.data.prepare", description="Write verl-format train/test parquet files."
+        prog="python -m jaxrl.data.prepare", description="Write verl-format parquet files."
     )
-    parser.add_argument("dataset", choices=sorted(DATASETS))
+    parser.add_argument("dataset", nargs="?", choices=sorted(DATASETS), help="a built-in dataset (or use --from-jsonl)")
     parser.add_argument(
         "--input",
         default=None,
         help="local folder with train.jsonl/test.jsonl, or a hub dataset id "
-        "(default: <shared>/data/<dataset>)",
+        "(default: <shared>/data/<dataset>); for math500 a .jsonl/.parquet file",
     )
-    parser.add_argument("--output", required=True, help="output folder for train.parquet/test.parquet")
+    parser.add_argument("--output", required=True, help="output folder for the <split>.parquet files")
     parser.add_argument("--max-rows", type=int, default=None, help="keep the first N rows of each split")
+    own = parser.add_argument_group("your own data (--from-jsonl)")
+    own.add_argument("--from-jsonl", metavar="FILE", default=None, help="a .jsonl (or .parquet) file of examples")
+    own.add_argument("--question-field", metavar="Q", default=None, help="the field holding the question")
+    own.add_argument("--answer-field", metavar="A", default=None, help="the field holding the final answer")
+    own.add_argument("--data-source", metavar="NAME", default=None,
+                     help="the rows' data_source: picks the built-in scorer (e.g. HuggingFaceH4/MATH-500, "
+                          "math_dapo, openai/gsm8k) or, for another name, needs custom_reward_function.path")
+    own.add_argument("--instruction", metavar="TEXT", default=None,
+                     help="appended to each question after a space (default: the built-in scorer's answer format "
+                          "for --data-source, none for other names; '' for none)")
+    own.add_argument("--split", default="train", help="output file name and extra_info.split (default: train)")
     args = parser.parse_args(argv)
+    output = Path(args.output).expanduser()
+
+    if args.from_jsonl is not None:
+        if args.dataset is not None:
+            parser.error(f"give either a dataset ({args.dataset}) or --from-jsonl, not both")
+        missing = [f for f in ("question_field", "answer_field", "data_source") if getattr(args, f) is None]
+        if missing:
+            parser.error("--from-jsonl needs " + ", ".join("--" + m.replace("_", "-") for m in missing))
+        kind = scorer_name(args.data_source)
+        instruction = args.instruction if args.instruction is not None else DEFAULT_INSTRUCTIONS.get(kind, "")
+        if kind is None:
+            logger.warning(
+                "data_source %r has no built-in scorer: train with custom_reward_function.path", args.data_source
+            )
+        src = Path(args.from_jsonl).expanduser()
+
+        def row_fn(ex: dict, split: str, index: int) -> dict:
+            return jsonl_row(
+                ex, split, index, question_field=args.question_field, answer_field=args.answer_field,
+                data_source=args.data_source, instruction=instruction, where=f"{src}: row {index + 1}",
+            )
+
+        counts = {args.split: prepare_file(src, output / f"{args.split}.parquet", row_fn, split=args.split,
+                                           max_rows=args.max_rows)}
+        _print_counts(str(src), counts, output)
+        return counts
+    if args.dataset is None:
+        parser.error("give a dataset (" + "|".join(sorted(DATASETS)) + ") or --from-jsonl FILE")
     row_fn, sub = DATASETS[args.dataset]
     local_default = shared_dir() / "data" / sub
-    counts = prepare(
-        args.input or str(local_default),
-        Path(args.output).expanduser(),
-        row_fn,
-        max_rows=args.max_rows,
-        local_default=local_default,
-    )
-    for split, c in counts.items():
-        print(
-            f"{args.dataset} {split}: wrote {c['written']} rows, skipped {c['skipped']} -> "
-            f"{Path(args.output) / (split + '.parquet')}"
+    if args.dataset == "math500":
+        src = Path(args.input).expanduser() if args.input else local_default / MATH500_FILE
+        counts = {"test": prepare_file(src, output / "test.parquet", row_fn, split="test", max_rows=args.max_rows)}
+    else:
+        counts = prepare(
+            args.input or str(local_default),
+            output,
+            row_fn,
+            max_rows=args.max_rows,
+            local_default=local_default,
         )
+    _print_counts(args.dataset, counts, Path(args.output))
     return counts
 
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
-    main(sys.argv[1:])
+    try:
+        main(sys.argv[1:])
+    except FileNotFoundError as e:  # a missing input: exit 1, one line
+        print(f"jaxrl.data.prepare: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except ValueError as e:  # a bad value or row (names the file, row and field): exit 2, one line
+        print(f"jaxrl.data.prepare: error: {e}", file=sys.stderr)
+        sys.exit(2)

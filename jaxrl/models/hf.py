@@ -88,7 +88,9 @@ def _identity(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def _entries(cfg: ModelConfig) -> Iterator[_Entry]:
+def _entries(cfg: ModelConfig, *, lm_head: bool = True) -> Iterator[_Entry]:
+    """The weight table of ``cfg``'s decoder; ``lm_head=False`` leaves out an untied ``lm_head.weight`` (a
+    ``*ForSequenceClassification`` checkpoint has a ``score`` head instead)."""
     h, i, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     nh, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
 
@@ -137,7 +139,7 @@ def _entries(cfg: ModelConfig) -> Iterator[_Entry]:
         yield (m + "up_proj.weight", M + ("up_proj",), t, t, (i, h))
         yield (m + "down_proj.weight", M + ("down_proj",), t, t, (h, i))
     yield ("model.norm.weight", ("norm", "scale"), _identity, _identity, (h,))
-    if not cfg.tie_word_embeddings:
+    if lm_head and not cfg.tie_word_embeddings:
         yield ("lm_head.weight", ("lm_head",), t, t, (v, h))
 
 
@@ -150,11 +152,11 @@ def _get_variable(model: Decoder, path: tuple) -> nnx.Variable:
     return obj
 
 
-def _allowed_extra(cfg: ModelConfig, name: str) -> bool:
+def _allowed_extra(cfg: ModelConfig, name: str, lm_head: bool = True) -> bool:
     if name.endswith(_IGNORED_SUFFIXES):
         return True
     # Tied checkpoints sometimes also store the (identical) lm_head.
-    return cfg.tie_word_embeddings and name == "lm_head.weight"
+    return lm_head and cfg.tie_word_embeddings and name == "lm_head.weight"
 
 
 def from_hf_tensors(
@@ -164,27 +166,31 @@ def from_hf_tensors(
     param_dtype=jnp.float32,
     dtype=jnp.float32,
     remat: bool = False,
+    lm_head: bool = True,
 ) -> Decoder:
     """Build a :class:`Decoder` holding ``tensors`` (HF names, torch layouts), cast to ``param_dtype``.
 
     The model skeleton is created abstractly (``nnx.eval_shape``), so no random initialisation is computed.
+    ``lm_head=False`` builds the body only (``model.lm_head is None``; no ``lm_head.weight`` expected or allowed):
+    the backbone of a ``*ForSequenceClassification`` reward model, whose head the caller adds.
 
     Raises:
         ValueError: listing every missing tensor, unexpected tensor and tensor with a wrong shape (with the
             expected shape). When ``cfg.tie_word_embeddings``, ``lm_head.weight`` may be absent, or present and
             equal to ``model.embed_tokens.weight`` (a differing one is reported as unexpected).
     """
-    entries = list(_entries(cfg))
+    entries = list(_entries(cfg, lm_head=lm_head))
     expected_names = {e[0] for e in entries}
     missing = [e[0] for e in entries if e[0] not in tensors]
-    unexpected = sorted(n for n in tensors if n not in expected_names and not _allowed_extra(cfg, n))
+    unexpected = sorted(n for n in tensors if n not in expected_names and not _allowed_extra(cfg, n, lm_head))
     wrong = [
         f"{e[0]}: expected {e[4]}, got {tuple(np.shape(tensors[e[0]]))}"
         for e in entries
         if e[0] in tensors and tuple(np.shape(tensors[e[0]])) != e[4]
     ]
     if (
-        cfg.tie_word_embeddings
+        lm_head
+        and cfg.tie_word_embeddings
         and "lm_head.weight" in tensors
         and "model.embed_tokens.weight" in tensors
         and not np.array_equal(np.asarray(tensors["lm_head.weight"]), np.asarray(tensors["model.embed_tokens.weight"]))
@@ -203,6 +209,8 @@ def from_hf_tensors(
     model = nnx.eval_shape(
         lambda: Decoder(cfg, rngs=nnx.Rngs(0), param_dtype=param_dtype, dtype=dtype, remat=remat)
     )
+    if not lm_head:
+        model.lm_head = None
     target = jnp.dtype(param_dtype)
     for name, path, fwd, _, _ in entries:
         arr = fwd(np.asarray(tensors[name]))
@@ -216,10 +224,11 @@ def from_hf_tensors(
 def to_hf_tensors(model: Decoder) -> dict[str, np.ndarray]:
     """Export ``model`` as ``{hf_name: np.ndarray}`` in HF names/torch layouts and the parameter dtype.
 
-    Exact inverse of :func:`from_hf_tensors` (a tied model has no ``lm_head.weight``).
+    Exact inverse of :func:`from_hf_tensors` (a tied model, or a body built with ``lm_head=False``, has no
+    ``lm_head.weight``).
     """
     out: dict[str, np.ndarray] = {}
-    for name, path, _, bwd, shape in _entries(model.cfg):
+    for name, path, _, bwd, shape in _entries(model.cfg, lm_head=model.lm_head is not None):
         arr = bwd(np.asarray(jax.device_get(_get_variable(model, path).get_value())))
         assert arr.shape == shape, (name, arr.shape, shape)
         out[name] = arr

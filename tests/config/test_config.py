@@ -111,7 +111,7 @@ def test_every_config_validates_and_round_trips(path, tmp_path):
 def test_expected_configs_exist():
     names = {p.name for p in CONFIGS}
     assert {"quickstart.yaml", "gsm8k_grpo_smollm2_135m.yaml", "grpo_gsm8k_qwen3_1.7b.yaml",
-            "ppo_quickstart.yaml", "dapo_quickstart.yaml"} <= names
+            "ppo_quickstart.yaml", "dapo_quickstart.yaml", "math500_grpo_smollm2_135m.yaml"} <= names
 
 
 def test_shared_dir_expands_in_paths(monkeypatch, tmp_path):
@@ -249,9 +249,42 @@ def test_range_errors(override, expected):
     assert override.split("=")[0] in msg and expected in msg
 
 
-def test_reward_model_enable_not_supported():
+def test_reward_model_keys_as_verl_with_the_checks_when_enabled():
+    cfg = load_config(None, ["actor_rollout_ref.model.path=/m/policy"])
+    rm = cfg.reward_model
+    assert (rm.enable, rm.model.path, rm.micro_batch_size_per_gpu, rm.max_length) == (False, None, None, None)
+    assert rm.model.input_tokenizer == "/m/policy" and rm.combine == "replace"  # verl: the policy's path
+    load_config(None, ["reward_model.micro_batch_size_per_gpu=0"])  # off: not checked
     msg = _error(None, ["reward_model.enable=True"])
-    assert "reward_model.enable" in msg and "not supported yet" in msg
+    assert "reward_model.model.path=None" in msg and "ForSequenceClassification" in msg
+    on = ["reward_model.enable=True", "reward_model.model.path=/m/rm"]
+    assert "reward_model.micro_batch_size_per_gpu=0" in _error(None, on + ["reward_model.micro_batch_size_per_gpu=0"])
+    assert "reward_model.max_length=0" in _error(None, on + ["reward_model.max_length=0"])
+    assert "'replace', 'sum'" in _error(None, on + ["reward_model.combine=mean"])
+    loaded = load_config_with_notes(None, on + [
+        "reward_model.model.input_tokenizer=null", "reward_model.micro_batch_size_per_gpu=8",
+        "reward_model.model.trust_remote_code=True", "reward_model.use_reward_loop=True",
+        "reward_model.rollout.name=vllm", "reward_model.model.fsdp_config.param_offload=True",
+    ])
+    rm = loaded.config.reward_model
+    assert (rm.enable, rm.model.path, rm.model.input_tokenizer, rm.micro_batch_size_per_gpu) == (True, "/m/rm", None, 8)
+    assert {n.key for n in loaded.notes} == {"reward_model.model.trust_remote_code", "reward_model.use_reward_loop",
+                                             "reward_model.rollout.name", "reward_model.model.fsdp_config.param_offload"}
+    assert "reward_model.micro_batch_size=8 is not supported" in _error(None, on + ["reward_model.micro_batch_size=8"])
+    # on a mesh the RM micro-batch must split over data x fsdp like every other micro-batch
+    msg = _error(None, on + ["trainer.mesh.data=2", "trainer.mesh.fsdp=2", "trainer.mesh.tensor=1",
+                             "reward_model.micro_batch_size_per_gpu=6"])
+    assert "reward_model.micro_batch_size_per_gpu=6" in msg and "multiple of 4" in msg
+
+
+def test_math_verifier_choices():
+    assert load_config(None, []).reward_model.math_verifier == "rule"
+    assert load_config(None, ["reward_model.math_verifier=math_verify"]).reward_model.math_verifier == "math_verify"
+    msg = _error(None, ["reward_model.math_verifier=sympy"])
+    assert "reward_model.math_verifier='sympy'" in msg and "'rule', 'math_verify'" in msg
+    from jaxrl.rewards import MATH_VERIFIERS
+
+    assert schema.MATH_VERIFIER_CHOICES == MATH_VERIFIERS
 
 
 def test_validation_needs_val_files():
@@ -557,7 +590,9 @@ def test_dataclass_defaults_match_loaded_defaults():
     """The schema is the single source of truth: the loader adds nothing but the documented fills."""
     fresh = JaxRLConfig()
     loaded = load_config(None)
-    assert loaded.algorithm == fresh.algorithm and loaded.reward_model == fresh.reward_model
+    assert loaded.algorithm == fresh.algorithm
+    rm_model = dataclasses.replace(fresh.reward_model.model, input_tokenizer=fresh.actor_rollout_ref.model.path)
+    assert loaded.reward_model == dataclasses.replace(fresh.reward_model, model=rm_model)  # ${...model.path}
     assert loaded.trainer == dataclasses.replace(fresh.trainer, default_local_dir="checkpoints/verl_examples/gsm8k")
     assert loaded.actor_rollout_ref.actor == fresh.actor_rollout_ref.actor
     assert loaded.actor_rollout_ref.model == fresh.actor_rollout_ref.model

@@ -103,3 +103,105 @@ def test_bad_max_rows(shared, tmp_path):
                 "0",
             ]
         )
+
+
+MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
+
+
+def test_math500_rows(shared, tmp_path):
+    counts = prepare.main(["math500", "--output", str(tmp_path)])
+    assert counts == {"test": {"written": 500, "skipped": 0}}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["test.parquet"]
+    table = pq.read_table(tmp_path / "test.parquet")
+    assert table.column_names == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
+    rows = table.to_pylist()
+    raw = _raw(shared / "data/math/math500_test.jsonl")
+    assert len(rows) == len(raw) == 500
+    for i, (row, ex) in enumerate(zip(rows, raw)):
+        assert row == {
+            "data_source": "HuggingFaceH4/MATH-500",
+            "prompt": [{"role": "user", "content": ex["problem"] + " " + MATH_INSTRUCTION}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": ex["answer"]},
+            "extra_info": {"split": "test", "index": i},
+        }
+
+
+def test_math500_reference_solutions_score_one_with_the_built_in_scorer(shared, tmp_path):
+    """Every MATH-500 row is scorable: its own reference solution (ending in \\boxed{answer}) scores 1."""
+    from jaxrl.rewards import default_compute_score
+
+    prepare.main(["math500", "--output", str(tmp_path)])
+    rows = pq.read_table(tmp_path / "test.parquet").to_pylist()
+    raw = _raw(shared / "data/math/math500_test.jsonl")
+    scores = [
+        default_compute_score(r["data_source"], ex["solution"], r["reward_model"]["ground_truth"])["score"]
+        for r, ex in zip(rows, raw)
+    ]
+    assert sum(scores) == 500
+
+
+def test_from_jsonl_maps_the_named_fields(tmp_path):
+    src = tmp_path / "mine.jsonl"
+    src.write_text(
+        json.dumps({"q": "What is 2+3?", "a": 5, "id": 1}) + "\n\n"
+        + json.dumps({"q": "Half of 1?", "a": "\\frac{1}{2}", "id": 2}) + "\n"
+    )
+    out = tmp_path / "out"
+    counts = prepare.main([
+        "--from-jsonl", str(src), "--question-field", "q", "--answer-field", "a",
+        "--data-source", "HuggingFaceH4/MATH-500", "--output", str(out),
+    ])
+    assert counts == {"train": {"written": 2, "skipped": 0}}
+    rows = pq.read_table(out / "train.parquet").to_pylist()
+    assert rows == [
+        {
+            "data_source": "HuggingFaceH4/MATH-500",
+            "prompt": [{"role": "user", "content": "What is 2+3? " + MATH_INSTRUCTION}],  # the scorer's format
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": "5"},
+            "extra_info": {"split": "train", "index": 0},
+        },
+        {
+            "data_source": "HuggingFaceH4/MATH-500",
+            "prompt": [{"role": "user", "content": "Half of 1? " + MATH_INSTRUCTION}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": "\\frac{1}{2}"},
+            "extra_info": {"split": "train", "index": 1},
+        },
+    ]
+    # an explicit instruction (or none), another split name, a data source with no built-in scorer
+    counts = prepare.main([
+        "--from-jsonl", str(src), "--question-field", "q", "--answer-field", "a", "--data-source", "my/set",
+        "--instruction", "", "--split", "test", "--output", str(out), "--max-rows", "1",
+    ])
+    assert counts == {"test": {"written": 1, "skipped": 0}}
+    row = pq.read_table(out / "test.parquet").to_pylist()[0]
+    assert row["prompt"] == [{"role": "user", "content": "What is 2+3?"}] and row["data_source"] == "my/set"
+    assert row["extra_info"] == {"split": "test", "index": 0}
+    counts = prepare.main([
+        "--from-jsonl", str(src), "--question-field", "q", "--answer-field", "a", "--data-source", "aime2024",
+        "--output", str(out),
+    ])
+    assert pq.read_table(out / "train.parquet").to_pylist()[0]["prompt"][0]["content"] == (
+        "What is 2+3? " + prepare.MATH_DAPO_INSTRUCTION
+    )
+
+
+def test_from_jsonl_bad_field_names_the_row_and_the_fields(tmp_path):
+    src = tmp_path / "mine.jsonl"
+    src.write_text(json.dumps({"q": "x", "a": "1"}) + "\n" + json.dumps({"q": "y", "answer": "2"}) + "\n")
+    with pytest.raises(ValueError, match=r"mine.jsonl: row 2: --answer-field 'a' is missing.*\['answer', 'q'\]"):
+        prepare.main([
+            "--from-jsonl", str(src), "--question-field", "q", "--answer-field", "a", "--data-source", "math",
+            "--output", str(tmp_path / "out"),
+        ])
+    with pytest.raises(SystemExit):  # argparse usage error: the mapping needs all three names
+        prepare.main(["--from-jsonl", str(src), "--question-field", "q", "--output", str(tmp_path / "out")])
+    with pytest.raises(SystemExit):  # a dataset and --from-jsonl together
+        prepare.main(["math", "--from-jsonl", str(src), "--output", str(tmp_path / "out")])
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        prepare.main([
+            "--from-jsonl", str(tmp_path / "nope.jsonl"), "--question-field", "q", "--answer-field", "a",
+            "--data-source", "math", "--output", str(tmp_path / "out"),
+        ])

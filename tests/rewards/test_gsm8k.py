@@ -55,6 +55,6 @@ def test_default_compute_score_dispatch():
     assert default_compute_score("tinystories/sentiment", "They were happy and smiled.", "") == {"score": 0.5, "acc": 1.0}
     assert default_compute_score("tinystories/sentiment", "They were happy.", "") == {"score": 0.25, "acc": 0.0}
     with pytest.raises(
-        NotImplementedError, match=r"'lighteval/MATH'.*openai/gsm8k.*tinystories/sentiment"
+        NotImplementedError, match=r"'my/dataset'.*openai/gsm8k.*lighteval/MATH.*tinystories/sentiment.*custom_reward"
     ):
-        default_compute_score("lighteval/MATH", "x", "y")
+        default_compute_score("my/dataset", "x", "y")
