@@ -471,35 +471,13 @@ class Trainer:
                     if final is None:
                         self.save_checkpoint()
                         final = self.step
-                self._confirm_final_save(final)
+                check_final_checkpoint(c.store, final)
                 if stop.is_set():
                     log.warning("rerun the same command to resume from step %d", self.step)
             finally:
                 bar.close()
                 c.store.close()  # waits for an asynchronous save (a failure is logged), ends orbax's threads
         return last
-
-    def _confirm_final_save(self, step: int | None) -> None:
-        """Wait for the checkpoint saves; raise CheckpointSaveError if the run's final checkpoint ``step`` (the last
-        step's or the SIGTERM one) is not complete on disk, naming the newest complete checkpoint."""
-        from jaxrl.checkpoint import CheckpointSaveError
-
-        store = self.c.store
-        try:
-            store.wait()
-        except CheckpointSaveError:
-            pass  # logged and recorded in store.save_errors by the store
-        if step is None or step in store.steps():
-            return
-        err = store.save_errors.get(step)
-        reason = err.reason if err is not None else "it is not on disk"
-        newest = store.latest_step()
-        where = (f"the newest complete checkpoint is {store.step_path(newest)} (step {newest})" if newest is not None
-                 else f"no complete checkpoint exists in {store.directory}")
-        raise CheckpointSaveError(
-            f"the final checkpoint (step {step}) was not saved: {reason}; {where}; fix the cause (e.g. free disk "
-            "space) and rerun the same command to resume from it",
-            step=step, directory=store.directory, reason=reason)
 
     def _step_validate_log(self) -> dict[str, float]:
         """One training step, then validation when due, then logging."""
@@ -676,6 +654,33 @@ class Trainer:
         c.logger.truncate_after(step)  # steps logged after this checkpoint will be logged again
         log.info("resumed from %s at step %d", store.step_path(step), step)
         return True
+
+
+def check_final_checkpoint(store, step: int | None) -> None:
+    """Wait for ``store``'s saves and make sure the run's final checkpoint ``step`` (the last step's or the SIGTERM
+    one; None: the run ends without one) is complete on disk.
+
+    Raises:
+      CheckpointSaveError: it is not; the one-line message gives the reason (free space needed and available, or
+        the write error) and the newest complete checkpoint to resume from.
+    """
+    from jaxrl.checkpoint import CheckpointSaveError
+
+    try:
+        store.wait()
+    except CheckpointSaveError:
+        pass  # logged and recorded in store.save_errors by the store
+    if step is None or step in store.steps():
+        return
+    err = store.save_errors.get(step)
+    reason = err.reason if err is not None else "it is not on disk"
+    newest = store.latest_step()
+    where = (f"the newest complete checkpoint is {store.step_path(newest)} (step {newest})" if newest is not None
+             else f"no complete checkpoint exists in {store.directory}")
+    raise CheckpointSaveError(
+        f"the final checkpoint (step {step}) was not saved: {reason}; {where}; fix the cause (e.g. free disk "
+        "space) and rerun the same command to resume from it",
+        step=step, directory=store.directory, reason=reason)
 
 
 def _latest_checkpoint_text(store) -> str:

@@ -137,6 +137,10 @@ def test_corrupt_newest_is_moved_aside_then_rewritten(tmp_path, caplog):
     _truncate_arrays(root / "global_step_3")
     kept = {p.name: p.stat().st_size for p in (root / "global_step_3").rglob("*") if p.is_file()}
 
+    with CheckpointStore(root, max_to_keep=None, read_only=True) as reader:  # a reader (export) only skips it
+        assert reader.restore(like=_like(4096))[0] == 2
+    assert step_entries(root) == ["global_step_1", "global_step_2", "global_step_3"]
+
     store = CheckpointStore(root, max_to_keep=None, async_save=False)  # the resumed run's store
     with caplog.at_level(logging.WARNING, logger="jaxrl.checkpoint"):
         step, arrays, meta = store.restore(like=_like(4096))
@@ -152,17 +156,6 @@ def test_corrupt_newest_is_moved_aside_then_rewritten(tmp_path, caplog):
     store = CheckpointStore(root, max_to_keep=None, read_only=True)  # the next resume uses the new one
     assert _restored_value(store, None, 4096) == 33.0
     store.close()
-
-
-def test_read_only_store_skips_a_corrupt_checkpoint_without_moving_it(tmp_path):
-    root = tmp_path / "run"
-    with CheckpointStore(root, max_to_keep=None, async_save=False) as store:
-        for s in (1, 2):
-            store.save(s, arrays=_arrays(4096, float(s)), meta={"step": s})
-    _truncate_arrays(root / "global_step_2")
-    with CheckpointStore(root, max_to_keep=None, read_only=True) as store:
-        assert store.restore(like=_like(4096))[0] == 1
-    assert step_entries(root) == ["global_step_1", "global_step_2"]
 
 
 def test_incompatible_checkpoint_is_reported_and_never_moved(tmp_path):
@@ -220,3 +213,25 @@ def test_supersede_after_sets_newer_checkpoints_aside(tmp_path):
     store.supersede_after(None)
     assert store.steps() == [] and len(step_entries(root)) == 4  # 2, 4, 6 and the new 4, all kept
     store.close()
+
+
+def test_a_failed_final_save_names_the_newest_complete_checkpoint(tmp_path):
+    from jaxrl.trainer import check_final_checkpoint
+
+    with tmpfs(tmp_path / "disk", "2m") as disk:
+        store = CheckpointStore(disk / "run", max_to_keep=None, async_save=True)
+        store.save(1, arrays=_arrays(1024, 1.0), meta={"step": 1})
+        with pytest.raises(CheckpointSaveError):
+            store.save(2, arrays=_arrays(512 * 1024, 2.0), meta={"step": 2})  # the run's last step: too big
+        with pytest.raises(CheckpointSaveError) as ei:
+            check_final_checkpoint(store, 2)
+        msg = str(ei.value)
+        assert msg.startswith("the final checkpoint (step 2) was not saved: it needs about ")
+        assert f"the newest complete checkpoint is {disk}/run/global_step_1 (step 1)" in msg
+        assert "rerun the same command" in msg and "\n" not in msg
+        check_final_checkpoint(store, 1)  # complete: fine
+        check_final_checkpoint(store, None)  # a run without a final save
+        store.close()
+    with CheckpointStore(tmp_path / "empty", max_to_keep=None) as store:
+        with pytest.raises(CheckpointSaveError, match="no complete checkpoint exists in"):
+            check_final_checkpoint(store, 3)

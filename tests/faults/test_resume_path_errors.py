@@ -21,5 +21,7 @@ def test_missing_resume_from_path_is_one_clean_line(tmp_path):
     (line,) = error_lines(proc.stderr)
     assert f"trainer.resume_from_path='{missing}' does not exist" in line and "global_step_<N>" in line
     assert "Traceback" not in proc.stderr and "absl" not in proc.stderr, proc.stderr[-3000:]
-    assert elapsed < 30, elapsed
-    assert not (tmp_path / "run" / "jaxrl.lock").exists()  # released
+    # refused while building, before the model loaded: no run line logged, nothing written into the folder
+    # (the lock taken first is released again)
+    assert "jaxrl INFO run:" not in proc.stderr and list((tmp_path / "run").iterdir()) == []
+    assert elapsed < 60, elapsed
