@@ -113,11 +113,11 @@ class CheckpointIncompatibleError(CheckpointError):
 
     Attributes:
       step: the checkpoint's step.
-      path: its folder.
+      path: its folder (filled in by :meth:`CheckpointStore.restore` for an error raised by a ``check`` callback).
       differences: what changed, one ``key: old -> new`` per entry (see :func:`jaxrl.fingerprint.differences`).
     """
 
-    def __init__(self, message: str, *, step: int, path: Path, differences: list[str]):
+    def __init__(self, message: str, *, step: int, path: Path | None, differences: list[str]):
         super().__init__(message)
         self.step = step
         self.path = path
@@ -640,7 +640,8 @@ class CheckpointStore:
         if check is not None:
             try:
                 check(step, meta)
-            except CheckpointIncompatibleError:
+            except CheckpointIncompatibleError as e:
+                e.step, e.path = step, self.step_path(step)
                 raise
             except Exception as e:  # noqa: BLE001 - a failing check is the caller's error, not a corrupt checkpoint
                 raise _CheckFailed() from e

@@ -567,8 +567,11 @@ class Trainer:
         return self._fingerprint
 
     def _batch_key(self) -> str:
-        """The config key of the prompt pipeline's batch size (DAPO dynamic sampling reads gen_batch_size)."""
-        return "data.gen_batch_size" if self.c.cfg.algorithm.filter_groups.enable else "data.train_batch_size"
+        """The config key that sets the prompt pipeline's batch size: ``data.gen_batch_size`` under DAPO dynamic
+        sampling when it is set, else ``data.train_batch_size`` (so toggling dynamic sampling alone keeps it)."""
+        cfg = self.c.cfg
+        dynamic = cfg.algorithm.filter_groups.enable and cfg.data.gen_batch_size
+        return "data.gen_batch_size" if dynamic else "data.train_batch_size"
 
     def _check_resumable(self, step: int, meta: dict) -> None:
         """Raise CheckpointIncompatibleError when checkpoint ``step`` was written by an incompatible configuration.
@@ -586,9 +589,9 @@ class Trainer:
         else:
             diffs = differences(legacy_fingerprint(meta, array_signatures=None, batch_key=self._batch_key()), now,
                                 only_common=True)
-        if diffs:
+        if diffs:  # the store fills in the checkpoint's path
             raise CheckpointIncompatibleError(f"written by another configuration: {summary(diffs)}", step=step,
-                                              path=self.c.store.step_path(step), differences=diffs)
+                                              path=None, differences=diffs)
 
     def save_checkpoint(self) -> bool:
         """Save the full training state at the current step; a failed save is logged, training goes on.

@@ -173,11 +173,12 @@ def test_incompatible_checkpoint_is_reported_and_never_moved(tmp_path):
                                     "float32[20])"]
     # the caller's check (the trainer's fingerprint) says no: same
     def check(step, meta):
-        raise CheckpointIncompatibleError("another batch size", step=step, path=store.step_path(step),
+        raise CheckpointIncompatibleError("another batch size", step=step, path=None,
                                           differences=["data.train_batch_size: 4 -> 2"])
 
-    with pytest.raises(CheckpointIncompatibleError, match="another batch size"):
+    with pytest.raises(CheckpointIncompatibleError, match="another batch size") as ei:
         store.restore(like=_like(12), check=check)
+    assert ei.value.step == 2 and ei.value.path == store.step_path(2)  # the store names the checkpoint
     with pytest.raises(CheckpointIncompatibleError):
         store.restore(1, like=_like(12), check=check)
     # a check that fails for another reason is the caller's bug: raised as is, the checkpoint is not corrupt
