@@ -7,11 +7,10 @@ On-disk layout (verl's ``global_step_{N}`` folders under ``trainer.default_local
       global_step_10/                    one complete checkpoint (orbax CheckpointManager step folder)
         actor.params/  actor.opt_state/  one orbax item (StandardSave pytree, OCDBT) per role/part
         critic.params/ critic.opt_state/ (present only when the run has a critic)
-        meta/metadata                    JSON: step, data_state, rng, kl_ctrl, num_updates, model, config
+        meta/metadata                    JSON: step, data_state, rng, kl_ctrl, num_updates, model, fingerprint
         _CHECKPOINT_METADATA, commit_success.txt   orbax bookkeeping
       global_step_20.orbax-checkpoint-tmp-<ts>/    a save in progress or interrupted: never listed;
                                                    a writable store removes it before its first save
-
       global_step_8.corrupt-<ts>/                  a checkpoint found unreadable on resume, moved aside (kept)
       global_step_12.superseded-<ts>/              a checkpoint of an abandoned trajectory (a fresh start or a
                                                    resume from an older step), moved aside (kept)

@@ -558,9 +558,11 @@ class Trainer:
             model = c.cfg.actor_rollout_ref.model
             context = {
                 "data.train_files": d.train_files, "data.train_max_samples": d.train_max_samples,
-                "data.max_prompt_length": d.max_prompt_length, "data.filter_overlong_prompts": d.filter_overlong_prompts,
+                "data.max_prompt_length": d.max_prompt_length,
+                "data.filter_overlong_prompts": d.filter_overlong_prompts,
                 "data.truncation": d.truncation, "data.prompt_key": d.prompt_key,
-                "actor_rollout_ref.model.path": model.path, "actor_rollout_ref.model.tokenizer_path": model.tokenizer_path,
+                "actor_rollout_ref.model.path": model.path,
+                "actor_rollout_ref.model.tokenizer_path": model.tokenizer_path,
             }
             self._fingerprint = fingerprint(model=c.model_meta, roles=list(arrays), arrays=arrays, data=data,
                                             context=context)
