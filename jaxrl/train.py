@@ -5,7 +5,9 @@ fails in well under a second. Overrides use verl's spelling (``actor_rollout_ref
 so a verl ``main_ppo`` command line works with the module name swapped.
 
 Exit status: 0 on success (``--print-config`` prints the resolved YAML to stdout), 2 on a config
-or usage error (message on stderr, prefixed ``jaxrl: config error:``).
+or usage error (message on stderr, prefixed ``jaxrl: config error:``), 1 on a bad file or a runtime error
+(``jaxrl: error:``): a missing, empty or malformed data file, a truncated or corrupt model file, an output
+folder that cannot be written, diverged training.
 """
 
 from __future__ import annotations
@@ -55,8 +57,9 @@ def _checkpoint_hint(cfg) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), load the config, then print it or train.
 
-    Returns the process exit status (0 ok, 1 a missing/unreadable model or data file or diverged training,
-    2 config/usage error). Compat notes (verl keys with no JAX meaning) go to stderr, one line each. Training is ``jaxrl.trainer.run_training(cfg)``,
+    Returns the process exit status (0 ok, 1 a missing/unreadable model or data file, an unwritable
+    ``trainer.default_local_dir`` or diverged training, 2 config/usage error, including prompt + response lengths
+    beyond the model's context). Compat notes (verl keys with no JAX meaning) go to stderr, one line each. Training is ``jaxrl.trainer.run_training(cfg)``,
     imported only after the config is valid.
     """
     parser = _parser()
@@ -77,13 +80,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(config_to_yaml(loaded.config))
         sys.stdout.flush()
         return 0
+    from jaxrl.paths import OutputDirError, ensure_writable_dir
+
+    try:  # before anything slow: a read-only run folder would otherwise fail at the first write
+        ensure_writable_dir(loaded.config.trainer.default_local_dir, "trainer.default_local_dir")
+    except OutputDirError as e:
+        print(f"jaxrl: error: {e}", file=sys.stderr)
+        return 1
     from jaxrl.data.sources import DataFileError
+    from jaxrl.models.files import ModelFileError
     from jaxrl.rollout.base import WeightSyncError
     from jaxrl.trainer import NonFiniteTrainingError, run_training  # heavy (jax); only after the config is valid
 
     try:
         run_training(loaded.config)
-    except (FileNotFoundError, DataFileError, NonFiniteTrainingError) as e:  # names the culprit and the fix
+    except (FileNotFoundError, DataFileError, ModelFileError, NonFiniteTrainingError) as e:  # culprit + fix
         print(f"jaxrl: error: {e}", file=sys.stderr)
         return 1
     except WeightSyncError as e:  # the rollout engine could not take the new weights: stop, keep the checkpoints
