@@ -59,7 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Returns the process exit status (0 ok, 1 a missing/unreadable model or data file, an unwritable
     ``trainer.default_local_dir`` or diverged training, 2 config/usage error, including prompt + response lengths
-    beyond the model's context). Compat notes (verl keys with no JAX meaning) go to stderr, one line each. Training is ``jaxrl.trainer.run_training(cfg)``,
+    beyond the model's context). Compat notes (verl keys with no JAX meaning, uneven mini-batches) go to stderr,
+    one line each. Training is ``jaxrl.trainer.run_training(cfg)``,
     imported only after the config is valid.
     """
     parser = _parser()

@@ -241,7 +241,8 @@ class PromptPipeline:
         if drop_last and self.num_rows < batch_size:
             raise DataFileError(
                 f"only {self.num_rows} prompts in {self._rows_from()} for batch_size={batch_size} "
-                f"(data.train_batch_size, or data.gen_batch_size with DAPO) and drop_last=True ({self.num_filtered} filtered as overlong): an epoch "
+                f"(data.train_batch_size, or data.gen_batch_size with DAPO) and drop_last=True "
+                f"({self.num_filtered} filtered as overlong): an epoch "
                 "would have no batch; lower data.train_batch_size or give more prompts"
             )
         self.steps_per_epoch = (

@@ -237,7 +237,9 @@ def load_rows_report(
                 continue
             where = f"{path}:{no}: malformed {unit} {no}: {reason}"
             if not skip_malformed:
-                raise DataFileError(where + " (skip_malformed=True, data.skip_malformed=true in a run, skips such rows)")
+                raise DataFileError(
+                    where + " (skip_malformed=True, data.skip_malformed=true in a run, skips such rows)"
+                )
             skipped.append(where)
     if skipped:
         logger.warning(

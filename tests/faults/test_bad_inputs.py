@@ -268,7 +268,8 @@ def test_generate_max_new_tokens_beyond_context_refused(shared):
 
 def test_uneven_mini_batch_gets_a_note_with_the_divisors():
     proc = _run("jaxrl.train", "--config", "configs/quickstart.yaml", "--print-config",
-                "actor_rollout_ref.actor.ppo_mini_batch_size=6", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=6",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
                 "algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=12", "critic.ppo_micro_batch_size_per_gpu=8")
     assert proc.returncode == 0, proc.stderr
     notes = [ln for ln in proc.stderr.splitlines() if "ppo_mini_batch_size=" in ln]
