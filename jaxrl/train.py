@@ -6,8 +6,9 @@ so a verl ``main_ppo`` command line works with the module name swapped.
 
 Exit status: 0 on success (``--print-config`` prints the resolved YAML to stdout), 2 on a config
 or usage error (message on stderr, prefixed ``jaxrl: config error:``; an unusable custom reward file or
-function: ``jaxrl: error:``), 1 on a runtime error (a missing file, diverged training, a reward function
-that failed on a whole batch: its first traceback follows the message).
+function: ``jaxrl: error:``), 1 on a bad file or a runtime error (``jaxrl: error:``): a missing, empty or
+malformed data file, a truncated or corrupt model file, an output folder that cannot be written, diverged
+training, a reward function that failed on a whole batch (its first traceback follows the message).
 """
 
 from __future__ import annotations
@@ -57,10 +58,11 @@ def _checkpoint_hint(cfg) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), load the config, then print it or train.
 
-    Returns the process exit status (0 ok, 1 a missing/unreadable model or data file, diverged training or a
-    reward function failing on a whole batch, 2 config/usage error incl. an unusable custom reward function or a
-    data source with no reward function). Compat notes (verl keys with no JAX meaning) go to stderr, one line each.
-    Training is ``jaxrl.trainer.run_training(cfg)``,
+    Returns the process exit status (0 ok, 1 a missing/unreadable model or data file, an unwritable
+    ``trainer.default_local_dir``, diverged training or a reward function failing on a whole batch, 2 config/usage
+    error, incl. an unusable custom reward function, a data source with no reward function, or prompt + response
+    lengths beyond the model's context). Compat notes (verl keys with no JAX meaning, uneven mini-batches) go to
+    stderr, one line each. Training is ``jaxrl.trainer.run_training(cfg)``,
     imported only after the config is valid.
     """
     parser = _parser()
@@ -81,7 +83,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(config_to_yaml(loaded.config))
         sys.stdout.flush()
         return 0
+    from jaxrl.paths import OutputDirError, ensure_writable_dir
+
+    try:  # before anything slow: a read-only run folder would otherwise fail at the first write
+        ensure_writable_dir(loaded.config.trainer.default_local_dir, "trainer.default_local_dir")
+    except OutputDirError as e:
+        print(f"jaxrl: error: {e}", file=sys.stderr)
+        return 1
     from jaxrl.data.sources import DataFileError
+    from jaxrl.models.files import ModelFileError
     from jaxrl.rewards import UnknownDataSourceError
     from jaxrl.rewards.custom import CustomRewardError
     from jaxrl.rewards.factory import check_custom_reward
@@ -101,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         run_training(loaded.config)
-    except (FileNotFoundError, DataFileError, NonFiniteTrainingError) as e:  # names the culprit and the fix
+    except (FileNotFoundError, DataFileError, ModelFileError, NonFiniteTrainingError) as e:  # culprit + fix
         print(f"jaxrl: error: {e}", file=sys.stderr)
         return 1
     except CustomRewardError as e:  # the custom reward file (changed since the check) or its signature

@@ -605,9 +605,10 @@ def _jnp_dtype(name: str):
 def build(cfg) -> Components:
     """Construct every role of a run from a validated config (heavy imports happen here).
 
-    The device placement (``trainer.mesh`` / ``placement``) is checked first and data files are read next, so a
-    mesh that does not fit the devices, a missing or malformed file or a data source no reward function scores
-    fails before the (slow) model load.
+    The device placement (``trainer.mesh`` / ``placement``) is checked first, then the model's context length
+    (from its config alone) and the data files, so a mesh that does not fit the devices, prompt + response
+    lengths beyond the model's context, a missing, empty or malformed file, or a data source no reward function
+    scores fail before the (slow) model load.
     """
     from flax import nnx
 
@@ -623,9 +624,11 @@ def build(cfg) -> Components:
     out_dir = Path(cfg.trainer.default_local_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
+    _check_context_lengths(cfg)
     train_rows, val_rows = _read_rows(cfg.data)
     _check_data_sources(cfg, train_rows, val_rows)  # no built-in scorer and no custom reward: fail before the model
     pre, tokenizer = _load_policy(arr.model)
+    _check_context_lengths(cfg, pre.config)  # GGUF: its context is known only now, still before any compile
     reward_model = None
     if cfg.reward_model.enable:  # verl's RewardModelWorker, frozen, on the train mesh
         from jaxrl.workers.reward_model import build_reward_model_worker
@@ -659,15 +662,36 @@ def build(cfg) -> Components:
     )
 
 
-def _read_rows(d) -> tuple[list[dict], list[dict] | None]:
-    """Raw train / validation rows (``data.*_max_samples`` applied)."""
-    train_rows = _load_rows_with_hint(d.train_files, d)
-    if d.train_max_samples and d.train_max_samples > 0:
-        train_rows = train_rows[: d.train_max_samples]
-    val_rows = _load_rows_with_hint(d.val_files, d) if d.val_files else None
-    if val_rows and d.val_max_samples and d.val_max_samples > 0:
-        val_rows = val_rows[: d.val_max_samples]
-    return train_rows, val_rows
+def _read_rows(d):
+    """Raw train / validation rows as ``LoadedRows`` (``data.*_max_samples`` applied); a split without a usable row
+    raises ``DataFileError``."""
+    from jaxrl.data.sources import load_split
+
+    common = dict(skip_malformed=d.skip_malformed, prompt_key=d.prompt_key)
+    train = load_split(d.train_files, split="train", max_samples=d.train_max_samples, **common)
+    val = load_split(d.val_files, split="val", max_samples=d.val_max_samples, **common) if d.val_files else None
+    return train, val
+
+
+def _check_context_lengths(cfg, policy_config=None) -> None:
+    """Prompt + response lengths must fit the policy's (and a separate critic's) context; raises ``ConfigError``
+    naming the model's limit. Without ``policy_config`` (before any load) only configs that are cheap to read
+    (``config.json``, a llama2.c header; not GGUF) are checked; with it, the loaded policy's."""
+    from jaxrl.config.loader import check_context_length
+    from jaxrl.models.files import read_model_config
+
+    path = cfg.actor_rollout_ref.model.path
+    if policy_config is not None:
+        check_context_length(cfg, policy_config.max_position_embeddings,
+                             model=f"actor_rollout_ref.model.path={path!r}")
+        return
+    paths = [("actor_rollout_ref.model.path", path)]
+    if cfg.algorithm.adv_estimator == "gae" and cfg.critic.model.path:
+        paths.append(("critic.model.path", cfg.critic.model.path))
+    for key, p in paths:
+        found = read_model_config(p, cheap_only=True)
+        if found is not None:
+            check_context_length(cfg, found[0].get("max_position_embeddings"), model=f"{key}={p!r} ({found[1]})")
 
 
 def _check_data_sources(cfg, train_rows, val_rows) -> None:
@@ -702,7 +726,8 @@ def _load_policy(model_cfg):
 
 
 def _prompt_pipelines(d, tokenizer, train_rows, val_rows, *, dynamic_sampling: bool = False):
-    """The training prompt pipeline and the tokenised validation examples (``{"prompt_ids", "row"}``).
+    """The training prompt pipeline and the tokenised validation examples (``{"prompt_ids", "row"}``) from the
+    ``LoadedRows`` of each split.
 
     With DAPO dynamic sampling each generation round reads ``data.gen_batch_size`` prompts.
     """
@@ -713,10 +738,12 @@ def _prompt_pipelines(d, tokenizer, train_rows, val_rows, *, dynamic_sampling: b
         filter_overlong_prompts=d.filter_overlong_prompts, truncation=d.truncation, seed=d.seed,
     )
     batch_size = (d.gen_batch_size or d.train_batch_size) if dynamic_sampling else d.train_batch_size
-    train = PromptPipeline(train_rows, tokenizer, batch_size=batch_size, shuffle=d.shuffle, **common)
-    if not val_rows:
+    train = PromptPipeline(train_rows.rows, tokenizer, batch_size=batch_size, shuffle=d.shuffle,
+                           origins=train_rows.origins, split="train", **common)
+    if val_rows is None:
         return train, None
-    val = PromptPipeline(val_rows, tokenizer, batch_size=1, shuffle=False, **common)
+    val = PromptPipeline(val_rows.rows, tokenizer, batch_size=1, shuffle=False, origins=val_rows.origins,
+                         split="val", **common)
     examples = [
         {"prompt_ids": ids, "row": row}
         for b in val.iter_batches_once(batch_size=64)
@@ -821,18 +848,6 @@ def _build_reward(cfg):
     from jaxrl.rewards.factory import build_reward_manager
 
     return build_reward_manager(cfg, default_compute_score)
-
-
-def _load_rows_with_hint(files, data_cfg) -> list[dict]:
-    """``load_rows`` whose missing-file error also says how verl-format files are made."""
-    from jaxrl.data.sources import load_rows
-
-    try:
-        return load_rows(files, skip_malformed=data_cfg.skip_malformed, prompt_key=data_cfg.prompt_key)
-    except FileNotFoundError as e:
-        raise FileNotFoundError(
-            f"{e}\n(verl-format parquet files are made by `python -m jaxrl.data.prepare gsm8k|math --output DIR`)"
-        ) from e
 
 
 @dataclasses.dataclass
