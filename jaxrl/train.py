@@ -83,13 +83,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(config_to_yaml(loaded.config))
         sys.stdout.flush()
         return 0
-    from jaxrl.paths import OutputDirError, ensure_writable_dir
-
-    try:  # before anything slow: a read-only run folder would otherwise fail at the first write
-        ensure_writable_dir(loaded.config.trainer.default_local_dir, "trainer.default_local_dir")
-    except OutputDirError as e:
-        print(f"jaxrl: error: {e}", file=sys.stderr)
-        return 1
     from jaxrl.data.sources import DataFileError
     from jaxrl.models.files import ModelFileError
     from jaxrl.rewards import UnknownDataSourceError
@@ -106,6 +99,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CustomRewardError as e:  # the custom reward file or its signature: a usage error
         print(f"jaxrl: error: {e}", file=sys.stderr)
         return 2
+    from jaxrl.paths import OutputDirError, ensure_writable_dir
+
+    try:  # before anything slow: a read-only run folder would otherwise fail at the first write
+        ensure_writable_dir(loaded.config.trainer.default_local_dir, "trainer.default_local_dir")
+    except OutputDirError as e:
+        print(f"jaxrl: error: {e}", file=sys.stderr)
+        return 1
     from jaxrl.rollout.base import WeightSyncError
     from jaxrl.trainer import NonFiniteTrainingError, run_training  # heavy (jax); only after the config is valid
 

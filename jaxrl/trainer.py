@@ -624,9 +624,9 @@ def build(cfg) -> Components:
     out_dir = Path(cfg.trainer.default_local_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    _check_context_lengths(cfg)
     train_rows, val_rows = _read_rows(cfg.data)
     _check_data_sources(cfg, train_rows, val_rows)  # no built-in scorer and no custom reward: fail before the model
+    _check_context_lengths(cfg)  # from the model's config alone (cheap), before its weights load
     pre, tokenizer = _load_policy(arr.model)
     _check_context_lengths(cfg, pre.config)  # GGUF: its context is known only now, still before any compile
     reward_model = None
@@ -701,7 +701,8 @@ def _check_data_sources(cfg, train_rows, val_rows) -> None:
     custom = bool(cfg.custom_reward_function.path)
     # with a reward model that replaces the rule reward, rows marked style="model" never reach a rule function
     rm_only = cfg.reward_model.enable and cfg.reward_model.combine == "replace"
-    for key, rows in (("train_files", train_rows), ("val_files", val_rows or [])):
+    for key, loaded in (("train_files", train_rows), ("val_files", val_rows)):
+        rows = loaded.rows if loaded is not None else []
         sources = (r.get("data_source") for r in rows[:CHECKED_ROWS]
                    if not (rm_only and (r.get("reward_model") or {}).get("style") == "model"))
         check_data_sources(sources, custom_reward=custom, origin=f"data.{key}={getattr(cfg.data, key)!r}")

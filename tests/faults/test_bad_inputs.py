@@ -70,7 +70,7 @@ def write_jsonl(path: Path, rows: list) -> Path:
 
 
 def prompts(n: int, text: str = "Once upon a time") -> list[dict]:
-    return [{"prompt": text, "data_source": "tinystories"} for _ in range(n)]
+    return [{"prompt": text, "data_source": "tinystories/sentiment"} for _ in range(n)]
 
 
 LONG = "Once upon a time there was a little dog who liked to run in the park. " * 8  # > 64 stories260K tokens
