@@ -14,7 +14,9 @@ only), one sample per block. With ``--output-ids``, one JSON list per sample of 
 sequence, prompt ids (BOS included) followed by the generated ids up to but excluding the first
 eos/stop token — the format of llama2.c's golden ``greedy_from_bos_256_ids.json``.
 
-Exit status: 0 on success, 2 on a bad argument or a model that cannot be loaded (message on stderr).
+Exit status: 0 on success; 2 on a bad argument (including ``--max-new-tokens`` that, with the prompt, exceeds
+the model's context ``max_position_embeddings``); 1 on a model that cannot be loaded (missing, truncated or
+corrupt files). Errors are one line on stderr, prefixed ``jaxrl: error:``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import argparse
 import json
 import sys
 
-__all__ = ["build_parser", "encode_prompt", "main"]
+__all__ = ["build_parser", "context_error", "encode_prompt", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,9 +96,29 @@ def _params_from_args(args: argparse.Namespace):
     )
 
 
-def _fail(msg: str) -> int:
-    print(f"error: {msg}", file=sys.stderr)
-    return 2
+def _fail(msg: str, code: int = 2) -> int:
+    print(f"jaxrl: error: {msg}", file=sys.stderr)
+    return code
+
+
+def context_error(prompt_len: int | None, max_new_tokens: int, limit: int | None, source: str) -> str | None:
+    """Why ``prompt_len + max_new_tokens`` tokens do not fit a model with ``limit`` positions, or None if they do.
+
+    Args:
+      prompt_len: prompt tokens (BOS included); None before the prompt is encoded (then at least 1 is assumed).
+      max_new_tokens: ``--max-new-tokens``.
+      limit: the model's ``max_position_embeddings`` (None: unknown, no check).
+      source: where the limit was read (named in the message).
+    """
+    need = (1 if prompt_len is None else prompt_len) + max_new_tokens
+    if limit is None or need <= limit:
+        return None
+    where = f"the model's context of {limit} tokens (max_position_embeddings of {source})"
+    if prompt_len is None:
+        return (f"--max-new-tokens={max_new_tokens} plus the prompt exceed {where}; use --max-new-tokens <= "
+                f"{limit - 1} minus the prompt's length")
+    return (f"--max-new-tokens={max_new_tokens} + the prompt's {prompt_len} token(s) = {need} exceed {where}; "
+            f"use --max-new-tokens <= {max(limit - prompt_len, 0)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,18 +132,25 @@ def main(argv: list[str] | None = None) -> int:
     import jax.numpy as jnp
     from flax import nnx
 
-    from jaxrl.models import load_pretrained
+    from jaxrl.checkpoint import CheckpointError
+    from jaxrl.export import ExportError, is_checkpoint_path, load_checkpoint_policy
+    from jaxrl.models import ModelFileError, load_pretrained, read_model_config
     from jaxrl.rollout.jax_sampler import JaxSampler
 
-    from jaxrl.export import is_checkpoint_path, load_checkpoint_policy
-
+    source = args.model
     try:
         if is_checkpoint_path(args.model):  # a training run's checkpoint folder (or one global_step_N)
             _, pre = load_checkpoint_policy(args.model)
         else:
+            found = read_model_config(args.model, cheap_only=True)  # config only: refuse before the weights load
+            if found is not None:
+                source = found[1]
+                why = context_error(None, args.max_new_tokens, found[0].get("max_position_embeddings"), source)
+                if why:
+                    return _fail(why)
             pre = load_pretrained(args.model, param_dtype=args.dtype, dtype=args.dtype)
-    except (OSError, ValueError, KeyError, RuntimeError) as e:
-        return _fail(f"cannot load model {args.model!r}: {e}")
+    except (OSError, ModelFileError, ExportError, CheckpointError) as e:  # each names the file
+        return _fail(f"cannot load model {args.model!r}: {e}", code=1)
     cfg, tok = pre.config, pre.tokenizer
     try:
         prompt = encode_prompt(tok, args.prompt, chat=args.chat, bos_token_id=cfg.bos_token_id)
@@ -129,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(str(e))
     if not prompt:
         return _fail("the prompt encodes to zero tokens")
+    why = context_error(len(prompt), args.max_new_tokens, cfg.max_position_embeddings, source)
+    if why:
+        return _fail(why)
 
     eos = set(cfg.eos_token_id)
     if tok is not None and getattr(tok, "eos_token_id", None) is not None:

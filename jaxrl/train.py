@@ -7,10 +7,11 @@ so a verl ``main_ppo`` command line works with the module name swapped.
 Exit status (one-line message on stderr, ``jaxrl: error: ...`` / ``jaxrl: config error: ...``):
 
 * 0: success (``--print-config`` prints the resolved YAML to stdout);
-* 1: a runtime failure: a missing or unreadable model, data file or ``trainer.resume_from_path``, diverged
-  training, a failed weight sync, a reward function that failed on a whole batch (its first traceback follows
-  the message), no readable checkpoint to resume from, or a final checkpoint that could not be saved (the
-  message names the newest complete checkpoint);
+* 1: a bad file or a runtime failure: a missing, empty or malformed data file, a truncated or corrupt model file,
+  a missing ``trainer.resume_from_path``, an output folder that cannot be written, diverged training, a failed
+  weight sync, a reward function that failed on a whole batch (its first traceback follows the message), no
+  readable checkpoint to resume from, or a final checkpoint that could not be saved (the message names the
+  newest complete checkpoint);
 * 2: a config or usage error (``jaxrl: config error:``), an unusable custom reward file or function, a run folder
   (``trainer.default_local_dir``) in use by another run, or a checkpoint written by an incompatible
   configuration (the message lists what changed and the ways out).
@@ -63,10 +64,11 @@ def _checkpoint_hint(cfg) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), load the config, then print it or train.
 
-    Returns the process exit status (0 ok, 1 a missing/unreadable model or data file, diverged training or a
-    reward function failing on a whole batch, 2 config/usage error incl. an unusable custom reward function or a
-    data source with no reward function). Compat notes (verl keys with no JAX meaning) go to stderr, one line each.
-    Training is ``jaxrl.trainer.run_training(cfg)``,
+    Returns the process exit status (0 ok, 1 a missing/unreadable model or data file, an unwritable
+    ``trainer.default_local_dir``, diverged training or a reward function failing on a whole batch, 2 config/usage
+    error, incl. an unusable custom reward function, a data source with no reward function, or prompt + response
+    lengths beyond the model's context). Compat notes (verl keys with no JAX meaning, uneven mini-batches) go to
+    stderr, one line each. Training is ``jaxrl.trainer.run_training(cfg)``,
     imported only after the config is valid.
     """
     parser = _parser()
@@ -89,6 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     from jaxrl.checkpoint import CheckpointIncompatibleError, CheckpointRestoreError, CheckpointSaveError
     from jaxrl.data.sources import DataFileError
+    from jaxrl.models.files import ModelFileError
     from jaxrl.rewards import UnknownDataSourceError
     from jaxrl.rewards.custom import CustomRewardError
     from jaxrl.rewards.factory import check_custom_reward
@@ -103,6 +106,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CustomRewardError as e:  # the custom reward file or its signature: a usage error
         print(f"jaxrl: error: {e}", file=sys.stderr)
         return 2
+    from jaxrl.paths import OutputDirError, ensure_writable_dir
+
+    try:  # before anything slow: a read-only run folder would otherwise fail at the first write
+        ensure_writable_dir(loaded.config.trainer.default_local_dir, "trainer.default_local_dir")
+    except OutputDirError as e:
+        print(f"jaxrl: error: {e}", file=sys.stderr)
+        return 1
     from jaxrl.rollout.base import WeightSyncError
     from jaxrl.runlock import RunLockError
     from jaxrl.trainer import NonFiniteTrainingError, run_training  # heavy (jax); only after the config is valid
@@ -112,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (RunLockError, CheckpointIncompatibleError) as e:  # this folder cannot take this run: usage error
         print(f"jaxrl: error: {e}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, DataFileError, NonFiniteTrainingError, CheckpointRestoreError,
+    except (FileNotFoundError, DataFileError, ModelFileError, NonFiniteTrainingError, CheckpointRestoreError,
             CheckpointSaveError) as e:  # names the culprit and the fix (a failed final save: the newest checkpoint)
         print(f"jaxrl: error: {e}", file=sys.stderr)
         return 1

@@ -726,8 +726,9 @@ def build(cfg) -> Components:
     First of all the run folder (``trainer.default_local_dir``) is locked (:class:`jaxrl.runlock.RunLock`: a
     second run there fails at once) and the checkpoint to resume from is located (a missing
     ``trainer.resume_from_path`` fails here). The device placement (``trainer.mesh`` / ``placement``) is checked
-    next and data files are read after it, so a mesh that does not fit the devices, a missing or malformed file or
-    a data source no reward function scores fails before the (slow) model load. The lock is released by
+    next, then the model's context length (from its config alone) and the data files, so a mesh that does not fit
+    the devices, prompt + response lengths beyond the model's context, a missing, empty or malformed file, or a
+    data source no reward function scores fail before the (slow) model load. The lock is released by
     :func:`run_training` (or here, if building fails).
 
     Raises:
@@ -763,7 +764,9 @@ def _build_components(cfg, out_dir: Path) -> Components:
 
     train_rows, val_rows = _read_rows(cfg.data)
     _check_data_sources(cfg, train_rows, val_rows)  # no built-in scorer and no custom reward: fail before the model
+    _check_context_lengths(cfg)  # from the model's config alone (cheap), before its weights load
     pre, tokenizer = _load_policy(arr.model)
+    _check_context_lengths(cfg, pre.config)  # GGUF: its context is known only now, still before any compile
     reward_model = None
     if cfg.reward_model.enable:  # verl's RewardModelWorker, frozen, on the train mesh
         from jaxrl.workers.reward_model import build_reward_model_worker
@@ -801,15 +804,36 @@ def _build_components(cfg, out_dir: Path) -> Components:
     )
 
 
-def _read_rows(d) -> tuple[list[dict], list[dict] | None]:
-    """Raw train / validation rows (``data.*_max_samples`` applied)."""
-    train_rows = _load_rows_with_hint(d.train_files, d)
-    if d.train_max_samples and d.train_max_samples > 0:
-        train_rows = train_rows[: d.train_max_samples]
-    val_rows = _load_rows_with_hint(d.val_files, d) if d.val_files else None
-    if val_rows and d.val_max_samples and d.val_max_samples > 0:
-        val_rows = val_rows[: d.val_max_samples]
-    return train_rows, val_rows
+def _read_rows(d):
+    """Raw train / validation rows as ``LoadedRows`` (``data.*_max_samples`` applied); a split without a usable row
+    raises ``DataFileError``."""
+    from jaxrl.data.sources import load_split
+
+    common = dict(skip_malformed=d.skip_malformed, prompt_key=d.prompt_key)
+    train = load_split(d.train_files, split="train", max_samples=d.train_max_samples, **common)
+    val = load_split(d.val_files, split="val", max_samples=d.val_max_samples, **common) if d.val_files else None
+    return train, val
+
+
+def _check_context_lengths(cfg, policy_config=None) -> None:
+    """Prompt + response lengths must fit the policy's (and a separate critic's) context; raises ``ConfigError``
+    naming the model's limit. Without ``policy_config`` (before any load) only configs that are cheap to read
+    (``config.json``, a llama2.c header; not GGUF) are checked; with it, the loaded policy's."""
+    from jaxrl.config.loader import check_context_length
+    from jaxrl.models.files import read_model_config
+
+    path = cfg.actor_rollout_ref.model.path
+    if policy_config is not None:
+        check_context_length(cfg, policy_config.max_position_embeddings,
+                             model=f"actor_rollout_ref.model.path={path!r}")
+        return
+    paths = [("actor_rollout_ref.model.path", path)]
+    if cfg.algorithm.adv_estimator == "gae" and cfg.critic.model.path:
+        paths.append(("critic.model.path", cfg.critic.model.path))
+    for key, p in paths:
+        found = read_model_config(p, cheap_only=True)
+        if found is not None:
+            check_context_length(cfg, found[0].get("max_position_embeddings"), model=f"{key}={p!r} ({found[1]})")
 
 
 def _check_data_sources(cfg, train_rows, val_rows) -> None:
@@ -819,7 +843,8 @@ def _check_data_sources(cfg, train_rows, val_rows) -> None:
     custom = bool(cfg.custom_reward_function.path)
     # with a reward model that replaces the rule reward, rows marked style="model" never reach a rule function
     rm_only = cfg.reward_model.enable and cfg.reward_model.combine == "replace"
-    for key, rows in (("train_files", train_rows), ("val_files", val_rows or [])):
+    for key, loaded in (("train_files", train_rows), ("val_files", val_rows)):
+        rows = loaded.rows if loaded is not None else []
         sources = (r.get("data_source") for r in rows[:CHECKED_ROWS]
                    if not (rm_only and (r.get("reward_model") or {}).get("style") == "model"))
         check_data_sources(sources, custom_reward=custom, origin=f"data.{key}={getattr(cfg.data, key)!r}")
@@ -844,7 +869,8 @@ def _load_policy(model_cfg):
 
 
 def _prompt_pipelines(d, tokenizer, train_rows, val_rows, *, dynamic_sampling: bool = False):
-    """The training prompt pipeline and the tokenised validation examples (``{"prompt_ids", "row"}``).
+    """The training prompt pipeline and the tokenised validation examples (``{"prompt_ids", "row"}``) from the
+    ``LoadedRows`` of each split.
 
     With DAPO dynamic sampling each generation round reads ``data.gen_batch_size`` prompts.
     """
@@ -855,10 +881,12 @@ def _prompt_pipelines(d, tokenizer, train_rows, val_rows, *, dynamic_sampling: b
         filter_overlong_prompts=d.filter_overlong_prompts, truncation=d.truncation, seed=d.seed,
     )
     batch_size = (d.gen_batch_size or d.train_batch_size) if dynamic_sampling else d.train_batch_size
-    train = PromptPipeline(train_rows, tokenizer, batch_size=batch_size, shuffle=d.shuffle, **common)
-    if not val_rows:
+    train = PromptPipeline(train_rows.rows, tokenizer, batch_size=batch_size, shuffle=d.shuffle,
+                           origins=train_rows.origins, split="train", **common)
+    if val_rows is None:
         return train, None
-    val = PromptPipeline(val_rows, tokenizer, batch_size=1, shuffle=False, **common)
+    val = PromptPipeline(val_rows.rows, tokenizer, batch_size=1, shuffle=False, origins=val_rows.origins,
+                         split="val", **common)
     examples = [
         {"prompt_ids": ids, "row": row}
         for b in val.iter_batches_once(batch_size=64)
@@ -963,18 +991,6 @@ def _build_reward(cfg):
     from jaxrl.rewards.factory import build_reward_manager
 
     return build_reward_manager(cfg, default_compute_score)
-
-
-def _load_rows_with_hint(files, data_cfg) -> list[dict]:
-    """``load_rows`` whose missing-file error also says how verl-format files are made."""
-    from jaxrl.data.sources import load_rows
-
-    try:
-        return load_rows(files, skip_malformed=data_cfg.skip_malformed, prompt_key=data_cfg.prompt_key)
-    except FileNotFoundError as e:
-        raise FileNotFoundError(
-            f"{e}\n(verl-format parquet files are made by `python -m jaxrl.data.prepare gsm8k|math --output DIR`)"
-        ) from e
 
 
 @dataclasses.dataclass

@@ -819,6 +819,76 @@ def _check_mini_batches(cfg: JaxRLConfig, section: str, mini: int, micro: Option
         )
 
 
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def _uneven_mini_batch_notes(cfg: JaxRLConfig) -> list[compat.CompatNote]:
+    """One note per trained role whose ``ppo_mini_batch_size`` does not divide ``data.train_batch_size``.
+
+    verl's FSDP actor/critic accept it (``DataProto.split`` leaves a smaller last mini-batch; verl's own
+    Qwen3-1.7B GSM8K recipe uses 1024 / 80), its Megatron workers refuse it (``DataProto.make_iterator`` asserts
+    divisibility). jaxrl runs it like verl's FSDP workers but says so: the last update of every step is made from
+    fewer prompts. The note lists the mini-batch sizes that split the batch evenly and pass the micro-batch rules.
+    """
+    notes = []
+    roles = [("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor)]
+    if cfg.algorithm.adv_estimator in schema.CRITIC_ADV_ESTIMATORS:
+        roles.append(("critic", cfg.critic))
+    tbs = cfg.data.train_batch_size
+    for section, role in roles:
+        mini = role.ppo_mini_batch_size
+        if tbs % mini == 0:
+            continue
+        valid = []
+        for k in _divisors(tbs):
+            try:
+                _check_mini_batches(cfg, section, k, role.ppo_micro_batch_size_per_gpu)
+            except ConfigError:
+                continue
+            valid.append(k)
+        fix = (f"for equal updates use one of {valid}" if valid else
+               f"no divisor of {tbs} also fits {section}.ppo_micro_batch_size_per_gpu="
+               f"{role.ppo_micro_batch_size_per_gpu}; change it too")
+        notes.append(compat.CompatNote(
+            f"{section}.ppo_mini_batch_size", mini,
+            f"does not divide data.train_batch_size={tbs}: each step makes {tbs // mini} update(s) of {mini} prompts "
+            f"and a last one of {tbs % mini} (as verl's FSDP workers do; its Megatron workers refuse this); {fix}",
+        ))
+    return notes
+
+
+def check_context_length(cfg: JaxRLConfig, max_position_embeddings: Optional[int], *, model: str) -> None:
+    """Prompt + generated tokens must fit the model's context.
+
+    A sequence is at most ``data.max_prompt_length + actor_rollout_ref.rollout.max_new_tokens`` tokens
+    (``max_new_tokens`` is filled from ``data.max_response_length``); a model is trained for
+    ``max_position_embeddings`` positions (vLLM refuses a longer ``max_model_len`` for the same reason).
+
+    Args:
+      cfg: the validated config.
+      max_position_embeddings: the model's context length (from its ``config.json`` / GGUF / llama2.c header);
+        None skips the check.
+      model: how to name the model in the message (its key, path and config file).
+
+    Raises:
+      ConfigError: the sum exceeds ``max_position_embeddings`` (names both keys, their values and the limit).
+    """
+    if max_position_embeddings is None:
+        return
+    d, rollout = cfg.data, cfg.actor_rollout_ref.rollout
+    new = rollout.max_new_tokens
+    new_key = ("data.max_response_length" if new == d.max_response_length
+               else "actor_rollout_ref.rollout.max_new_tokens")
+    total = d.max_prompt_length + new
+    if total > max_position_embeddings:
+        raise ConfigError(
+            f"data.max_prompt_length={d.max_prompt_length} + {new_key}={new} = {total} tokens exceed the model's "
+            f"context of {max_position_embeddings} tokens (max_position_embeddings of {model}); lower them so the "
+            f"sum is at most {max_position_embeddings}"
+        )
+
+
 # ------------------------------------------------------------------------------- public API
 def load_config_with_notes(config_path: str | Path | None, overrides: Sequence[str] = ()) -> LoadedConfig:
     """Load and validate a config, also returning the compat notes.
@@ -829,7 +899,9 @@ def load_config_with_notes(config_path: str | Path | None, overrides: Sequence[s
 
     Returns:
       :class:`LoadedConfig` with the validated :class:`JaxRLConfig` and one
-      :class:`~jaxrl.config.compat.CompatNote` per accepted verl key with no JAX meaning.
+      :class:`~jaxrl.config.compat.CompatNote` per accepted verl key with no JAX meaning, plus one per trained
+      role whose ``ppo_mini_batch_size`` does not divide ``data.train_batch_size`` (accepted, as verl's FSDP
+      workers do; the note gives the sizes that divide it).
 
     Raises:
       ConfigError: missing/invalid YAML file, malformed override, unknown key (with a "did you
@@ -843,6 +915,7 @@ def load_config_with_notes(config_path: str | Path | None, overrides: Sequence[s
     obj = _resolve(cfg)
     _normalise(obj)
     _validate(obj)
+    notes.extend(_uneven_mini_batch_notes(obj))
     return LoadedConfig(config=obj, notes=tuple(notes))
 
 

@@ -24,6 +24,8 @@ from typing import Any
 import grain
 import numpy as np
 
+from jaxrl.data.sources import SPLIT_KEYS, DataFileError
+
 logger = logging.getLogger(__name__)
 
 TRUNCATION_MODES = ("error", "left", "right")
@@ -154,6 +156,9 @@ class PromptPipeline:
         seed: shuffle seed, an int in ``[0, 2**32)``.
         drop_last: drop each epoch's final partial batch (so every batch has ``batch_size`` rows).
         apply_chat_template: see :func:`tokenize_prompts` (None = auto).
+        origins: optional ``"file:line"`` per row (:attr:`jaxrl.data.sources.LoadedRows.origins`), so length
+            errors name the file and row.
+        split: ``"train"`` or ``"val"`` when the rows are a run's split (messages name ``data.<split>_files``).
 
     Attributes:
         num_rows: rows kept after filtering (``N``).
@@ -164,9 +169,11 @@ class PromptPipeline:
 
     Raises:
         ValueError: empty ``rows``; a row without ``prompt_key``; bad ``batch_size`` /
-            ``max_prompt_length`` / ``seed``; ``truncation`` not in ``("error", "left", "right")``;
-            an overlong prompt with ``truncation="error"`` (names its dataset index, length and the
-            limit); no rows left after filtering; fewer rows than ``batch_size`` with ``drop_last``.
+            ``max_prompt_length`` / ``seed``; ``truncation`` not in ``("error", "left", "right")``.
+        DataFileError (a ValueError): an overlong prompt with ``truncation="error"`` (names its file and
+            row when ``origins`` are given, its dataset index, length, the limit and the three ways out); no
+            rows left after filtering (how many were dropped, the longest length, the limit); fewer rows than
+            ``batch_size`` with ``drop_last``.
     """
 
     def __init__(
@@ -183,6 +190,8 @@ class PromptPipeline:
         seed: int = 1,
         drop_last: bool = True,
         apply_chat_template: bool | None = None,
+        origins: list[str] | None = None,
+        split: str | None = None,
     ):
         if truncation not in TRUNCATION_MODES:
             raise ValueError(f"truncation={truncation!r} is not valid; use one of {TRUNCATION_MODES}")
@@ -194,12 +203,16 @@ class PromptPipeline:
             raise ValueError(f"seed must be an int in [0, 2**32), got {seed!r}")
         if not rows:
             raise ValueError("rows is empty; the prompt dataset needs at least one row")
+        if origins is not None and len(origins) != len(rows):
+            raise ValueError(f"origins has {len(origins)} entries for {len(rows)} rows; expected one per row")
         for i, r in enumerate(rows):
             if not isinstance(r, Mapping) or prompt_key not in r:
                 keys = sorted(r) if isinstance(r, Mapping) else type(r).__name__
                 raise ValueError(f"row {i} has no prompt_key={prompt_key!r} (has {keys})")
 
         self._rows = rows
+        self._origins = origins
+        self._where = f"{SPLIT_KEYS[split]} " if split in SPLIT_KEYS else ""
         self.batch_size = batch_size
         self.max_prompt_length = max_prompt_length
         self.shuffle = shuffle
@@ -220,15 +233,19 @@ class PromptPipeline:
                 max_prompt_length,
             )
         if self.num_rows == 0:
-            raise ValueError(
-                f"no prompts left: all {len(rows)} are longer than max_prompt_length="
-                f"{max_prompt_length} tokens (raise the limit or set filter_overlong_prompts=False "
-                "with truncation='left'/'right')"
+            longest = max(len(ids) for ids in all_ids)
+            raise DataFileError(
+                f"no prompts left in {self._rows_from()}: all {len(rows)} are longer than "
+                f"max_prompt_length={max_prompt_length} tokens and were filtered (data.filter_overlong_prompts="
+                f"true; the longest has {longest} tokens); raise data.max_prompt_length (to {longest} keeps them "
+                "all) or set data.filter_overlong_prompts=false with data.truncation=left|right"
             )
         if drop_last and self.num_rows < batch_size:
-            raise ValueError(
-                f"only {self.num_rows} prompts for batch_size={batch_size} with drop_last=True: "
-                "an epoch would have no batch; lower batch_size or set drop_last=False"
+            raise DataFileError(
+                f"only {self.num_rows} prompts in {self._rows_from()} for batch_size={batch_size} "
+                f"(data.train_batch_size, or data.gen_batch_size with DAPO) and drop_last=True "
+                f"({self.num_filtered} filtered as overlong): an epoch "
+                "would have no batch; lower data.train_batch_size or give more prompts"
             )
         self.steps_per_epoch = (
             self.num_rows // batch_size if drop_last else math.ceil(self.num_rows / batch_size)
@@ -249,15 +266,25 @@ class PromptPipeline:
                 if filt:
                     continue
                 if truncation == "error":
-                    raise ValueError(
-                        f"prompt at dataset index {i} has {len(ids)} tokens > max_prompt_length="
-                        f"{limit}; set filter_overlong_prompts=True, truncation='left'/'right', or "
-                        "raise max_prompt_length"
+                    where = " ".join(x for x in (self._where.strip(), self._origins[i] if self._origins else "") if x)
+                    where = f"{where}: " if where else ""
+                    raise DataFileError(
+                        f"{where}prompt at dataset index {i} has {len(ids)} tokens > max_prompt_length="
+                        f"{limit} and data.truncation='error'; set data.filter_overlong_prompts=true (drop such "
+                        f"prompts), data.truncation=left|right (cut them), or data.max_prompt_length>={len(ids)}"
                     )
                 ids = ids[-limit:] if truncation == "left" else ids[:limit]
             kept.indices.append(i)
             kept.ids.append(ids)
         return kept
+
+    def _rows_from(self) -> str:
+        """Where the rows came from, for messages: ``data.train_files (a.jsonl, b.jsonl)`` / the files / ``the
+        dataset``."""
+        files = ", ".join(dict.fromkeys(o.rsplit(":", 1)[0] for o in self._origins)) if self._origins else ""
+        if self._where and files:
+            return f"{self._where}({files})"
+        return files or self._where.strip() or "the dataset"
 
     # ----- grain datasets -------------------------------------------------------------------
     def _element(self, pos: int) -> tuple[int, list[int], dict]:

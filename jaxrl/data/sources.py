@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -89,7 +89,12 @@ def resolve_data_path(p: str | os.PathLike) -> Path:
 
 
 class DataFileError(ValueError):
-    """A data file exists but cannot be read (corrupt or not in the format its name says)."""
+    """A data file exists but its rows cannot be used: corrupt, not in the format its name says, empty, every row
+    malformed, or (raised by :mod:`jaxrl.data.pipeline`) prompts that do not fit ``data.max_prompt_length``.
+
+    The message is one line that names the file (and the split: ``data.train_files`` / ``data.val_files``) and
+    what to change. ``python -m jaxrl.train`` prints it as ``jaxrl: error: ...`` and exits 1.
+    """
 
 
 @dataclass
@@ -100,11 +105,19 @@ class LoadedRows:
         rows: the valid rows, in file order (files in the given order).
         num_skipped: how many malformed rows were skipped (0 unless ``skip_malformed``).
         skipped: one ``"file:line: reason"`` string per skipped row.
+        origins: one ``"file:line"`` (``"file:row"`` for parquet) per kept row, aligned with ``rows``.
     """
 
     rows: list[dict]
     num_skipped: int
     skipped: list[str]
+    origins: list[str] = field(default_factory=list)
+
+    def head(self, n: int | None) -> "LoadedRows":
+        """The first ``n`` rows (all when ``n`` is None or <= 0), origins kept aligned."""
+        if not n or n <= 0:
+            return self
+        return LoadedRows(self.rows[:n], self.num_skipped, self.skipped, self.origins[:n])
 
 
 def _check_prompt(row: Any, prompt_key: str) -> str | None:
@@ -200,6 +213,7 @@ def load_rows_report(
     if not files:
         raise ValueError("no data files given; expected a path or a non-empty list of paths")
     rows: list[dict] = []
+    origins: list[str] = []
     skipped: list[str] = []
     for f in files:
         path = resolve_data_path(f)
@@ -219,16 +233,19 @@ def load_rows_report(
             reason = str(row) if isinstance(row, Exception) else _check_prompt(row, prompt_key)
             if reason is None:
                 rows.append(row)
+                origins.append(f"{path}:{no}")
                 continue
             where = f"{path}:{no}: malformed {unit} {no}: {reason}"
             if not skip_malformed:
-                raise DataFileError(where + " (pass skip_malformed=True to skip such rows)")
+                raise DataFileError(
+                    where + " (skip_malformed=True, data.skip_malformed=true in a run, skips such rows)"
+                )
             skipped.append(where)
     if skipped:
         logger.warning(
             "skipped %d malformed row(s) while loading %s; first: %s", len(skipped), files, skipped[0]
         )
-    return LoadedRows(rows=rows, num_skipped=len(skipped), skipped=skipped)
+    return LoadedRows(rows=rows, num_skipped=len(skipped), skipped=skipped, origins=origins)
 
 
 def load_rows(
@@ -243,3 +260,58 @@ def load_rows(
         Same as :func:`load_rows_report`.
     """
     return load_rows_report(files, skip_malformed=skip_malformed, prompt_key=prompt_key).rows
+
+
+SPLIT_KEYS = {"train": "data.train_files", "val": "data.val_files"}
+
+
+def load_split(
+    files: str | os.PathLike | list,
+    *,
+    split: str,
+    skip_malformed: bool = False,
+    prompt_key: str = "prompt",
+    max_samples: int | None = None,
+) -> LoadedRows:
+    """The rows of one split of a run (``data.train_files`` or ``data.val_files``), refusing a split with none.
+
+    Args:
+      files: the split's file(s), as :func:`load_rows_report` takes them.
+      split: ``"train"`` or ``"val"`` (names the config key in messages).
+      skip_malformed: ``data.skip_malformed``.
+      prompt_key: ``data.prompt_key``.
+      max_samples: keep the first ``max_samples`` rows (``data.train_max_samples`` / ``val_max_samples``;
+        None or <= 0 keeps all).
+
+    Returns:
+      :class:`LoadedRows` with at least one row, ``origins`` aligned with ``rows``.
+
+    Raises:
+      FileNotFoundError: a file does not exist (one line; says how verl-format files are made).
+      DataFileError: a malformed row (without ``skip_malformed``), an unreadable file, or no usable row at all:
+        the files are empty, or every row was malformed and skipped (the message names the split's key, the
+        files, and the first skipped row's reason).
+    """
+    key = SPLIT_KEYS[split]
+    try:
+        loaded = load_rows_report(files, skip_malformed=skip_malformed, prompt_key=prompt_key)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(
+            f"{key}: {e} (verl-format parquet files are made by `python -m jaxrl.data.prepare gsm8k|math "
+            "--output DIR`)"
+        ) from e
+    except DataFileError as e:
+        raise DataFileError(f"{key}: {e}") from e
+    names = ", ".join(str(resolve_data_path(f)) for f in ([files] if isinstance(files, (str, os.PathLike)) else files))
+    if not loaded.rows:
+        if loaded.num_skipped:
+            raise DataFileError(
+                f"{key} ({names}): all {loaded.num_skipped} rows are malformed and were skipped "
+                f"(data.skip_malformed=true), so the {split} split is empty; first: {loaded.skipped[0]}; fix the "
+                f"rows (each needs a {prompt_key!r} string or list of chat messages)"
+            )
+        raise DataFileError(
+            f"{key} ({names}): no rows, the {split} split is empty; give a file with verl-format rows "
+            f"(one JSON object with a {prompt_key!r} per line, or parquet)"
+        )
+    return loaded.head(max_samples)

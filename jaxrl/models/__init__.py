@@ -14,15 +14,18 @@ import jax.numpy as jnp
 
 from jaxrl.models.config import ModelConfig
 from jaxrl.models.decoder import Decoder, KVCache, init_cache
+from jaxrl.models.files import ModelFileError, read_model_config
 
 __all__ = [
     "Decoder",
     "KVCache",
     "ModelConfig",
+    "ModelFileError",
     "Pretrained",
     "init_cache",
     "load_pretrained",
     "parse_dtype",
+    "read_model_config",
 ]
 
 _DTYPES = {
@@ -85,7 +88,10 @@ def load_pretrained(
         :class:`Pretrained` with ``tokenizer=None`` when ``load_tokenizer`` is False.
 
     Raises:
-        ValueError: bad dtype name, unsupported architecture, or a checkpoint that does not match its config.
+        ValueError: bad dtype name.
+        ModelFileError (a ValueError): a file that exists but cannot be used: truncated or corrupt weights
+            (safetensors / GGUF / llama2.c), a ``config.json`` that is not JSON, an unsupported architecture, a
+            checkpoint that does not match its config, unreadable tokenizer files. The message names the file.
         FileNotFoundError: the resolved path does not exist or is not a recognised checkpoint.
     """
     pdt, cdt = parse_dtype(param_dtype), parse_dtype(dtype)
@@ -97,21 +103,30 @@ def load_pretrained(
         if not os.path.isfile(os.path.join(resolved, "config.json")):
             raise FileNotFoundError(f"model directory {resolved!r} has no config.json")
         hf_config, tensors = hf.load_hf_dir(resolved)
+        config_file = os.path.join(resolved, "config.json")
     elif os.path.isfile(resolved) and resolved.endswith(".gguf"):
         from jaxrl.models.gguf import read_gguf
 
         hf_config, tensors = read_gguf(resolved)
+        config_file = resolved
     elif os.path.isfile(resolved) and resolved.endswith(".bin"):
         from jaxrl.models.llama2c import read_llama2c
 
         hf_config, tensors = read_llama2c(resolved)
+        config_file = resolved
     else:
         raise FileNotFoundError(
             f"model path {resolved!r} (from {path!r}) is not a directory with config.json, a .gguf file "
             "or a llama2.c .bin file"
         )
-    cfg = ModelConfig.from_hf_config(hf_config)
-    model = hf.from_hf_tensors(cfg, tensors, param_dtype=pdt, dtype=cdt, remat=remat)
+    try:
+        cfg = ModelConfig.from_hf_config(hf_config)
+    except ValueError as e:  # a config jaxrl cannot build (unsupported model_type, missing field, ...)
+        raise ModelFileError(f"{config_file}: {e}") from e
+    try:
+        model = hf.from_hf_tensors(cfg, tensors, param_dtype=pdt, dtype=cdt, remat=remat)
+    except ValueError as e:  # missing / unexpected / wrongly shaped tensors
+        raise ModelFileError(f"{resolved}: {e}") from e
     tokenizer = None
     if load_tokenizer:
         from jaxrl.models.tokenizer import load_tokenizer as _load_tokenizer

@@ -27,9 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxrl.models.files import ModelFileError
 from jaxrl.models.llama2c import interleaved_to_half_rows
 
-__all__ = ["read_gguf", "gguf_tokenizer", "SUPPORTED_ARCHITECTURES"]
+__all__ = ["read_gguf", "read_gguf_config", "gguf_tokenizer", "SUPPORTED_ARCHITECTURES"]
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
@@ -67,8 +68,11 @@ def _open(path: str | Path):
         raise FileNotFoundError(f"GGUF file not found: {path}")
     try:
         return gguf.GGUFReader(str(path), "r")
-    except Exception as e:  # the reader raises ValueError/struct errors on non-GGUF input
-        raise ValueError(f"{path} is not a readable GGUF file: {e}") from e
+    except Exception as e:  # the reader raises ValueError/struct errors on non-GGUF or truncated input
+        raise ModelFileError(
+            f"{path} is not a readable GGUF file ({path.stat().st_size} bytes; {type(e).__name__}: "
+            f"{' '.join(str(e).split())}): it is truncated, corrupt or not GGUF; copy or download it again"
+        ) from e
 
 
 def _field(reader, key: str, default=None):
@@ -99,7 +103,7 @@ def _dequantize(tensor, path: Path) -> np.ndarray:
         # np.asarray drops the memmap subclass, whose per-slice bookkeeping dominates dequantize time
         w = dequantize(np.asarray(tensor.data), tensor.tensor_type)
     except NotImplementedError as e:
-        raise ValueError(
+        raise ModelFileError(
             f"{path}: tensor {tensor.name} has quant type {tensor.tensor_type.name}, which the installed "
             f"gguf package cannot dequantize ({e}); re-quantize the model to a supported type "
             "(e.g. F16, Q8_0, Q4_K_M)"
@@ -111,7 +115,7 @@ def _llama3_rope_scaling(factors: np.ndarray, rope_theta: float, head_dim: int, 
     """Recover HF llama3 ``rope_scaling`` from llama.cpp's ``rope_freqs`` divisors (convert_hf_to_gguf
     ``LlamaModel.generate_extra_tensors``: 1 above high_freq_wavelen, ``factor`` below
     low_freq_wavelen, ``1 / ((1 - s) / factor + s)`` in between). Raises NotImplementedError when no
-    standard parameter set reproduces ``factors``."""
+    standard parameter set reproduces ``factors`` (ModelFileError)."""
     factor = float(factors.max())
     inv_freq = 1.0 / (rope_theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
     candidates = [(1.0, 4.0, c) for c in dict.fromkeys([orig_ctx or 8192, 8192]) if c]
@@ -131,45 +135,28 @@ def _llama3_rope_scaling(factors: np.ndarray, rope_theta: float, head_dim: int, 
                 "rope_type": "llama3", "factor": factor, "low_freq_factor": low, "high_freq_factor": high,
                 "original_max_position_embeddings": int(ctx),
             }
-    raise NotImplementedError(
+    raise ModelFileError(
         f"rope_freqs.weight (shape {factors.shape}, max {factor}) does not match llama3 rope scaling with "
         f"low_freq_factor 1, high_freq_factor 4, original context {[c for *_, c in candidates]}; "
         "this rope scaling variant is not supported"
     )
 
 
-def read_gguf(path: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
-    """Read a GGUF model: HF-style config dict and dequantized float32 tensors with HF names.
-
-    Args:
-      path: ``.gguf`` file whose ``general.architecture`` is ``llama``, ``qwen2`` or ``qwen3``.
-
-    Returns:
-      ``(hf_config, tensors)``.
-      ``hf_config``: ``model_type``, ``architectures``, ``hidden_size``, ``num_hidden_layers``,
-      ``num_attention_heads``, ``num_key_value_heads``, ``head_dim`` (``attention.key_length``, else
-      ``rope.dimension_count`` for llama, else ``hidden_size // num_attention_heads``),
-      ``intermediate_size``, ``rms_norm_eps``, ``rope_theta`` (default 10000 when absent),
-      ``rope_scaling`` (only when the file has linear/yarn scaling metadata or llama3
-      ``rope_freqs``), ``vocab_size``, ``max_position_embeddings`` (``context_length``),
-      ``tie_word_embeddings`` (true when ``output.weight`` is absent), ``attention_bias`` (q/k/v
-      biases present), ``bos_token_id``/``eos_token_id``/``pad_token_id`` from
-      ``tokenizer.ggml.*`` when present.
-      ``tensors``: HF names (``model.embed_tokens.weight``, ``model.layers.{i}.self_attn.q_proj.weight``,
-      ``...q_norm.weight`` for qwen3, ``lm_head.weight`` only when untied) -> float32 arrays in torch
-      ``[out, in]`` layout, q/k rows in HF ``rotate_half`` order.
+def read_gguf_config(path: str | Path) -> dict:
+    """The Hugging Face config dict of a GGUF model from its metadata (no tensor is dequantized except the small
+    ``rope_freqs``). The same dict :func:`read_gguf` returns.
 
     Raises:
-      FileNotFoundError: ``path`` does not exist.
-      ValueError: not a GGUF file, unsupported ``general.architecture``, a quant type the ``gguf``
-        package cannot dequantize, or a tensor this loader does not know (e.g. MoE experts).
-      NotImplementedError: a ``rope_freqs`` tensor that is not standard llama3 scaling.
+      FileNotFoundError / ModelFileError: as :func:`read_gguf`.
     """
     path = Path(path)
-    reader = _open(path)
+    return _config(_open(path), path)
+
+
+def _config(reader, path: Path) -> dict:
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(
+        raise ModelFileError(
             f"{path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
 
@@ -179,7 +166,7 @@ def read_gguf(path: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
     required = ("embedding_length", "block_count", "attention.head_count", "feed_forward_length")
     missing = [f"{arch}.{k}" for k in required if meta(k) is None]
     if missing:
-        raise ValueError(f"{path}: GGUF metadata lacks required key(s) {missing}")
+        raise ModelFileError(f"{path}: GGUF metadata lacks required key(s) {missing}")
 
     tensors_by_name = {t.name: t for t in reader.tensors}
     hidden = int(meta("embedding_length"))
@@ -187,7 +174,7 @@ def read_gguf(path: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
     n_kv = meta("attention.head_count_kv", n_heads)
     if isinstance(n_kv, list):  # per-layer list in some files; dense models repeat one value
         if len(set(n_kv)) != 1:
-            raise ValueError(f"{path}: per-layer kv head counts {sorted(set(n_kv))} are not supported")
+            raise ModelFileError(f"{path}: per-layer kv head counts {sorted(set(n_kv))} are not supported")
         n_kv = n_kv[0]
     n_kv = int(n_kv)
     head_dim = meta("attention.key_length")
@@ -227,25 +214,61 @@ def read_gguf(path: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
     scaling = meta("rope.scaling.type")
     if scaling not in (None, "none"):
         if scaling not in ("linear", "yarn"):
-            raise ValueError(f"{path}: rope scaling type {scaling!r} is not supported (linear, yarn)")
+            raise ModelFileError(f"{path}: rope scaling type {scaling!r} is not supported (linear, yarn)")
         rs = {"rope_type": scaling, "factor": float(meta("rope.scaling.factor", 1.0))}
         orig = meta("rope.scaling.original_context_length")
         if orig is not None:
             rs["original_max_position_embeddings"] = int(orig)
         cfg["rope_scaling"] = rs
+    if "rope_freqs.weight" in tensors_by_name:
+        factors = _dequantize(tensors_by_name["rope_freqs.weight"], path)
+        if not np.all(factors == 1.0):
+            cfg["rope_scaling"] = _llama3_rope_scaling(
+                factors, rope_theta, head_dim, meta("rope.scaling.original_context_length")
+            )
+    return cfg
 
+
+def read_gguf(path: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
+    """Read a GGUF model: HF-style config dict and dequantized float32 tensors with HF names.
+
+    Args:
+      path: ``.gguf`` file whose ``general.architecture`` is ``llama``, ``qwen2`` or ``qwen3``.
+
+    Returns:
+      ``(hf_config, tensors)``.
+      ``hf_config``: ``model_type``, ``architectures``, ``hidden_size``, ``num_hidden_layers``,
+      ``num_attention_heads``, ``num_key_value_heads``, ``head_dim`` (``attention.key_length``, else
+      ``rope.dimension_count`` for llama, else ``hidden_size // num_attention_heads``),
+      ``intermediate_size``, ``rms_norm_eps``, ``rope_theta`` (default 10000 when absent),
+      ``rope_scaling`` (only when the file has linear/yarn scaling metadata or llama3
+      ``rope_freqs``), ``vocab_size``, ``max_position_embeddings`` (``context_length``),
+      ``tie_word_embeddings`` (true when ``output.weight`` is absent), ``attention_bias`` (q/k/v
+      biases present), ``bos_token_id``/``eos_token_id``/``pad_token_id`` from
+      ``tokenizer.ggml.*`` when present.
+      ``tensors``: HF names (``model.embed_tokens.weight``, ``model.layers.{i}.self_attn.q_proj.weight``,
+      ``...q_norm.weight`` for qwen3, ``lm_head.weight`` only when untied) -> float32 arrays in torch
+      ``[out, in]`` layout, q/k rows in HF ``rotate_half`` order.
+
+    Raises:
+      FileNotFoundError: ``path`` does not exist.
+      ModelFileError (a ValueError): not a GGUF file or a truncated one, unsupported ``general.architecture``, a
+        quant type the ``gguf`` package cannot dequantize, a tensor this loader does not know (e.g. MoE experts),
+        or a ``rope_freqs`` tensor that is not standard llama3 scaling.
+    """
+    path = Path(path)
+    reader = _open(path)
+    cfg = _config(reader, path)
+    arch = cfg["model_type"]
+    n_heads, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     out: dict[str, np.ndarray] = {}
-    for name, t in tensors_by_name.items():
-        if name == "rope_freqs.weight":
-            factors = _dequantize(t, path)
-            if not np.all(factors == 1.0):
-                cfg["rope_scaling"] = _llama3_rope_scaling(
-                    factors, rope_theta, head_dim, meta("rope.scaling.original_context_length")
-                )
+    for t in reader.tensors:
+        name = t.name
+        if name == "rope_freqs.weight":  # read into cfg["rope_scaling"] by _config
             continue
         hf = _hf_name(name)
         if hf is None:
-            raise ValueError(f"{path}: tensor {name!r} ({arch}) has no Hugging Face equivalent in this loader")
+            raise ModelFileError(f"{path}: tensor {name!r} ({arch}) has no Hugging Face equivalent in this loader")
         w = _dequantize(t, path)
         if arch == "llama" and name.endswith(("attn_q.weight", "attn_q.bias")):
             w = interleaved_to_half_rows(w, n_heads)
@@ -272,7 +295,7 @@ def gguf_tokenizer(path: str | Path):
 
     Raises:
       FileNotFoundError: ``path`` does not exist.
-      ValueError: transformers cannot build a tokenizer from the GGUF metadata.
+      ModelFileError: transformers cannot build a tokenizer from the GGUF metadata.
     """
     from transformers import AutoTokenizer
 
@@ -284,8 +307,8 @@ def gguf_tokenizer(path: str | Path):
         return AutoTokenizer.from_pretrained(str(folder))
     try:
         return AutoTokenizer.from_pretrained(str(folder), gguf_file=path.name)
-    except Exception as e:
-        raise ValueError(
+    except Exception as e:  # transformers' GGUF tokenizer conversion raises assorted types on bad metadata
+        raise ModelFileError(
             f"{path}: no tokenizer.json beside the file and transformers could not build a tokenizer "
             f"from the GGUF metadata: {e}"
         ) from e

@@ -21,6 +21,7 @@ from flax import nnx
 
 from jaxrl.models.config import ModelConfig
 from jaxrl.models.decoder import Decoder
+from jaxrl.models.files import ModelFileError, read_json_file
 
 # Present in some older checkpoints; carry no learned information.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -41,32 +42,33 @@ def load_hf_dir(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray]]:
     Raises:
         FileNotFoundError: the directory, ``config.json``, the weights or a shard listed in the index is missing
             (the message names the directory and the missing file).
+        ModelFileError: ``config.json`` or the index is not a JSON object, the index has no ``weight_map``, or a
+            safetensors file is truncated or corrupt (the message names the file).
     """
-    from safetensors.numpy import load_file
-
     d = Path(path)
     if not d.is_dir():
         raise FileNotFoundError(f"model directory {str(d)!r} does not exist or is not a directory")
     cfg_path = d / "config.json"
     if not cfg_path.is_file():
         raise FileNotFoundError(f"model directory {str(d)!r} has no config.json")
-    with open(cfg_path, encoding="utf-8") as f:
-        config = json.load(f)
+    config = read_json_file(cfg_path, "model config")
     single = d / "model.safetensors"
     index = d / "model.safetensors.index.json"
     tensors: dict[str, np.ndarray] = {}
     if single.is_file():
-        tensors.update(load_file(str(single)))
+        tensors.update(_load_safetensors(single))
     elif index.is_file():
-        with open(index, encoding="utf-8") as f:
-            weight_map: dict[str, str] = json.load(f)["weight_map"]
+        weight_map = read_json_file(index, "safetensors index").get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ModelFileError(f"{index}: no 'weight_map' object (tensor name -> shard file); restore the file "
+                                 "from the model's source")
         for shard in sorted(set(weight_map.values())):
             shard_path = d / shard
             if not shard_path.is_file():
                 raise FileNotFoundError(
                     f"model directory {str(d)!r} is missing shard {shard!r} listed in model.safetensors.index.json"
                 )
-            tensors.update(load_file(str(shard_path)))
+            tensors.update(_load_safetensors(shard_path))
         absent = sorted(set(weight_map) - set(tensors))
         if absent:
             raise FileNotFoundError(
@@ -77,6 +79,21 @@ def load_hf_dir(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray]]:
             f"model directory {str(d)!r} has neither model.safetensors nor model.safetensors.index.json"
         )
     return config, tensors
+
+
+def _load_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """``safetensors.numpy.load_file`` whose errors on a truncated or corrupt file name the file."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    try:
+        return load_file(str(path))
+    except SafetensorError as e:
+        size = path.stat().st_size
+        raise ModelFileError(
+            f"{path}: not a readable safetensors file ({size} bytes; {' '.join(str(e).split())}): it is truncated "
+            "or corrupt; copy or download it again"
+        ) from e
 
 
 # ----------------------------------------------------------------------------------------------- mapping

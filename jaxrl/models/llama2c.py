@@ -17,7 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["read_llama2c", "llama2c_tokenizer", "interleaved_to_half_rows"]
+from jaxrl.models.files import ModelFileError
+
+__all__ = ["read_llama2c", "read_llama2c_config", "llama2c_tokenizer", "interleaved_to_half_rows"]
 
 _HEADER = struct.Struct("<7i")  # dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len
 _V1_MAGIC = 0x616B3432  # "ak42": llama2.c's newer export versions, not the legacy format
@@ -71,31 +73,16 @@ def read_llama2c(path: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
 
     Raises:
       FileNotFoundError: the file does not exist.
-      ValueError: the file is a newer llama2.c export version (magic ``ak42``), the header is
-        implausible, or the file size does not match the header.
+      ModelFileError (a ValueError): the file is a newer llama2.c export version (magic ``ak42``), the header is
+        implausible, or the file size does not match the header (truncated or corrupt).
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"llama2.c checkpoint not found: {path}")
-    raw = path.read_bytes()
-    if len(raw) < _HEADER.size:
-        raise ValueError(f"{path}: {len(raw)} bytes is too short for a llama2.c header ({_HEADER.size} bytes)")
-    if struct.unpack_from("<I", raw, 0)[0] == _V1_MAGIC:
-        raise ValueError(
-            f"{path} is a llama2.c versioned export (magic 'ak42'); only the legacy format "
-            "(export.py --version 0, as published in karpathy/tinyllamas) is supported"
-        )
-    dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len = _HEADER.unpack_from(raw, 0)
-    shared = vocab > 0
-    vocab = abs(vocab)
-    if min(dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len) <= 0 or dim % n_heads or n_heads % n_kv:
-        raise ValueError(
-            f"{path}: implausible llama2.c header dim={dim} hidden_dim={hidden} n_layers={n_layers} "
-            f"n_heads={n_heads} n_kv_heads={n_kv} vocab_size={vocab} seq_len={seq_len}"
-        )
+    raw = _read_checkpoint_bytes(path)
+    h = _header(raw[: _HEADER.size], path)
+    dim, hidden, L, n_heads, n_kv = h["dim"], h["hidden_dim"], h["n_layers"], h["n_heads"], h["n_kv_heads"]
+    vocab, seq_len, shared = h["vocab_size"], h["seq_len"], h["shared_classifier"]
     head_dim = dim // n_heads
     kv_dim = n_kv * head_dim
-    L = n_layers
     shapes = [
         ("embed", (vocab, dim)), ("rms_att", (L, dim)), ("wq", (L, dim, dim)), ("wk", (L, kv_dim, dim)),
         ("wv", (L, kv_dim, dim)), ("wo", (L, dim, dim)), ("rms_ffn", (L, dim)), ("w1", (L, hidden, dim)),
@@ -107,10 +94,11 @@ def read_llama2c(path: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
     n_floats = sum(int(np.prod(s)) for _, s in shapes)
     expected = _HEADER.size + 4 * n_floats
     if len(raw) != expected:
-        raise ValueError(
+        raise ModelFileError(
             f"{path}: size {len(raw)} bytes does not match the header (expected {expected} bytes for "
             f"dim={dim} hidden_dim={hidden} n_layers={L} n_heads={n_heads} n_kv_heads={n_kv} "
-            f"vocab_size={vocab} seq_len={seq_len} shared_classifier={shared})"
+            f"vocab_size={vocab} seq_len={seq_len} shared_classifier={shared}): the file is truncated or "
+            "corrupt; copy or download it again"
         )
     flat = np.frombuffer(raw, dtype="<f4", offset=_HEADER.size)
     w: dict[str, np.ndarray] = {}
@@ -136,20 +124,58 @@ def read_llama2c(path: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
     if not shared:
         t["lm_head.weight"] = w["wcls"]
 
-    config = {
+    return _hf_config(h), t
+
+
+def _read_checkpoint_bytes(path: Path) -> bytes:
+    if not path.is_file():
+        raise FileNotFoundError(f"llama2.c checkpoint not found: {path}")
+    return path.read_bytes()
+
+
+def _header(head: bytes, path: Path) -> dict:
+    """The legacy header's fields (``vocab_size`` made positive, ``shared_classifier`` = its sign > 0).
+
+    Raises:
+      ModelFileError: too short, a versioned export (magic ``ak42``), or implausible values.
+    """
+    if len(head) < _HEADER.size:
+        raise ModelFileError(
+            f"{path}: {len(head)} bytes is too short for a llama2.c header ({_HEADER.size} bytes): the file is "
+            "truncated or not a llama2.c checkpoint"
+        )
+    if struct.unpack_from("<I", head, 0)[0] == _V1_MAGIC:
+        raise ModelFileError(
+            f"{path} is a llama2.c versioned export (magic 'ak42'); only the legacy format "
+            "(export.py --version 0, as published in karpathy/tinyllamas) is supported"
+        )
+    dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len = _HEADER.unpack_from(head, 0)
+    shared = vocab > 0
+    vocab = abs(vocab)
+    if min(dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len) <= 0 or dim % n_heads or n_heads % n_kv:
+        raise ModelFileError(
+            f"{path}: implausible llama2.c header dim={dim} hidden_dim={hidden} n_layers={n_layers} "
+            f"n_heads={n_heads} n_kv_heads={n_kv} vocab_size={vocab} seq_len={seq_len}"
+        )
+    return {"dim": dim, "hidden_dim": hidden, "n_layers": n_layers, "n_heads": n_heads, "n_kv_heads": n_kv,
+            "vocab_size": vocab, "seq_len": seq_len, "shared_classifier": shared}
+
+
+def _hf_config(h: dict) -> dict:
+    return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        "hidden_size": dim,
-        "intermediate_size": hidden,
-        "num_hidden_layers": L,
-        "num_attention_heads": n_heads,
-        "num_key_value_heads": n_kv,
-        "head_dim": head_dim,
-        "vocab_size": vocab,
-        "max_position_embeddings": seq_len,
+        "hidden_size": h["dim"],
+        "intermediate_size": h["hidden_dim"],
+        "num_hidden_layers": h["n_layers"],
+        "num_attention_heads": h["n_heads"],
+        "num_key_value_heads": h["n_kv_heads"],
+        "head_dim": h["dim"] // h["n_heads"],
+        "vocab_size": h["vocab_size"],
+        "max_position_embeddings": h["seq_len"],
         "rms_norm_eps": 1e-5,  # run.c rmsnorm: ss += 1e-5f
         "rope_theta": 10000.0,  # run.c: powf(10000.0f, head_dim / (float)head_size)
-        "tie_word_embeddings": shared,
+        "tie_word_embeddings": h["shared_classifier"],
         "bos_token_id": 1,
         "eos_token_id": 2,
         "hidden_act": "silu",
@@ -157,7 +183,22 @@ def read_llama2c(path: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
         "mlp_bias": False,
         "torch_dtype": "float32",
     }
-    return config, t
+
+
+def read_llama2c_config(path: str | Path) -> dict:
+    """The Hugging Face config dict of a llama2.c checkpoint from its 28-byte header (the same dict
+    :func:`read_llama2c` returns; ``max_position_embeddings`` is the header's ``seq_len``).
+
+    Raises:
+      FileNotFoundError: the file does not exist.
+      ModelFileError: the header is too short, a versioned export, or implausible.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"llama2.c checkpoint not found: {path}")
+    with open(path, "rb") as f:
+        head = f.read(_HEADER.size)
+    return _hf_config(_header(head, path))
 
 
 def _read_tok_bin(path: Path) -> tuple[list[bytes], list[float]]:

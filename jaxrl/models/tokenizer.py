@@ -10,8 +10,11 @@ none (e.g. llama2.c TinyStories models), and callers then encode raw text.
 
 from __future__ import annotations
 
+import json
 import struct
 from pathlib import Path
+
+from jaxrl.models.files import ModelFileError
 
 __all__ = ["load_tokenizer", "ensure_pad_token"]
 
@@ -78,6 +81,35 @@ def _llama2c_tokenizer_beside(ckpt: Path):
     return llama2c_tokenizer(candidates[0])
 
 
+def _auto_tokenizer(folder: Path):
+    """``AutoTokenizer.from_pretrained(folder)``; a tokenizer file it cannot parse is a :class:`ModelFileError`."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except Exception as e:  # the Rust `tokenizers` parser raises a bare Exception on a garbage tokenizer.json
+        bad = _first_invalid_json(folder)
+        if bad is None:
+            raise  # not a file-format problem: keep transformers' own error (and traceback)
+        raise ModelFileError(
+            f"{bad}: the tokenizer file is not valid JSON ({type(e).__name__}: {' '.join(str(e).split())}); "
+            "restore the tokenizer files from the model's source or set actor_rollout_ref.model.tokenizer_path"
+        ) from e
+
+
+def _first_invalid_json(folder: Path) -> Path | None:
+    """The first of the folder's tokenizer JSON files that does not parse, or None."""
+    for name in (*_HF_TOKENIZER_FILES, "special_tokens_map.json"):
+        f = folder / name
+        if not f.is_file():
+            continue
+        try:
+            json.loads(f.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return f
+    return None
+
+
 def load_tokenizer(path: str):
     """Load the tokenizer for a model path and make sure it has a pad token.
 
@@ -100,15 +132,14 @@ def load_tokenizer(path: str):
     Raises:
       FileNotFoundError: ``path`` does not exist or no tokenizer is found; the message lists what was
         looked for.
+      ModelFileError: the folder's tokenizer files exist but cannot be parsed (names the folder).
     """
     p = Path(path).expanduser()
     if not p.exists():
         raise FileNotFoundError(f"tokenizer path does not exist: {p}")
     if p.is_dir():
         if any((p / f).is_file() for f in _HF_TOKENIZER_FILES):
-            from transformers import AutoTokenizer
-
-            return ensure_pad_token(AutoTokenizer.from_pretrained(str(p)))
+            return ensure_pad_token(_auto_tokenizer(p))
         ggufs = sorted(p.glob("*.gguf"))
         if len(ggufs) == 1:
             return load_tokenizer(str(ggufs[0]))

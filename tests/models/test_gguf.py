@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from jaxrl.models.files import ModelFileError
 from jaxrl.models.gguf import gguf_tokenizer, read_gguf
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -238,7 +239,7 @@ def test_llama3_rope_freqs_become_rope_scaling(tmp_path):
 
     gg["rope_freqs.weight"] = np.linspace(1, 3, d // 2).astype(np.float32)  # not llama3-shaped
     _write(tmp_path / "odd.gguf", "llama", gg, meta)
-    with pytest.raises(NotImplementedError, match="rope_freqs"):
+    with pytest.raises(ModelFileError, match="rope_freqs"):
         read_gguf(tmp_path / "odd.gguf")
 
 
