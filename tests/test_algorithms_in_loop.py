@@ -16,7 +16,7 @@ The batch is built so the closed forms are simple:
   ``ppo_epochs=2`` so their second update sees a policy that moved away from the reference.
 
 All runs share a persistent XLA compilation cache (one per module, restored afterwards), so only the programs an
-option changes are compiled again. About 20 runs, 4-5 minutes on 2 cores: marked slow.
+option changes are compiled again. 21 catalogue runs + 2 PPO runs, about 4-6 minutes on 2 cores: marked slow.
 """
 
 from __future__ import annotations
@@ -125,8 +125,8 @@ def runs(shared, compile_cache, stop_id, tmp_path_factory):
     def get(name: str) -> list[dict]:
         if name not in done:
             out = tmp_path_factory.mktemp(name.replace("+", "p"))
-            cfg = load_config("configs/quickstart.yaml", _tiny(stop_id) + RUNS[name] + [f"trainer.default_local_dir={out}"])
-            run_training(cfg)
+            overrides = _tiny(stop_id) + RUNS[name] + [f"trainer.default_local_dir={out}"]
+            run_training(load_config("configs/quickstart.yaml", overrides))
             done[name] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
             assert [r["step"] for r in done[name]] == list(range(1, len(done[name]) + 1))
             for r in done[name]:
