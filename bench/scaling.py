@@ -1,6 +1,6 @@
 """Benchmark: how jaxrl's GRPO step time grows with batch size, response length and model size.
 
-Each point is a real training run of jaxrl's trainer, in this process (``jaxrl.trainer.build`` + ``Trainer.fit``,
+Each point is a real training run of jaxrl's trainer, in this process (``jaxrl.build.build`` + ``Trainer.fit``,
 config through the same loader as ``python -m jaxrl.train``, verl keys): GRPO, embedded JAX sampler
 (``rollout.name=jax``, ``ignore_eos=true`` so every response has exactly the response length), temperature 1,
 float32, no KL term (no reference model), one optimizer update per step (``ppo_mini_batch_size`` = the step's
@@ -88,7 +88,8 @@ def run_point(label: str, model: str, prompts: int, group: int, response_len: in
     """One training run of ``warmup + steps`` GRPO steps; returns the point's record (timings in seconds)."""
     from jaxrl.config import load_config
     from jaxrl.metrics import read_metrics
-    from jaxrl.trainer import Trainer, build
+    from jaxrl.build import build
+    from jaxrl.trainer import Trainer
 
     rows = prompts * group
     micro = min(rows, 16)
@@ -237,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     cmd = " ".join(["python bench/scaling.py", *(sys.argv[1:] if argv is None else argv)])
     lines = header_lines(
         "GRPO step scaling (jaxrl trainer, embedded JAX sampler)", cmd,
-        ["runs: jaxrl.trainer build + Trainer.fit in-process, GRPO, rollout.name=jax, ignore_eos (every response "
+        ["runs: jaxrl.build.build + Trainer.fit in-process, GRPO, rollout.name=jax, ignore_eos (every response "
          "exactly R tokens), T=1, float32, no KL/ref, one update per step, micro-batch min(rows, 16), no remat",
          f"per point: {a.warmup} warm-up step(s) then median (min-max) of {a.steps} measured steps, from "
          "metrics.jsonl timing_s/*; phase columns are medians",

@@ -66,6 +66,30 @@ def batch_metrics(batch) -> dict[str, float]:
     return out
 
 
+def rollout_mismatch_metrics(batch, entropy: np.ndarray) -> dict[str, float]:
+    """How far the rollout engine's token probabilities are from the trainer's recompute (same weights).
+
+    ``batch`` is an :class:`jaxrl.batch.RLBatch` with ``old_log_probs`` and ``rollout_log_probs`` ``[N, R]`` set;
+    ``entropy`` ``[N, R]`` the old-log-prob pass's token entropy (nats).
+
+    ``training/rollout_probs_diff_{mean,max}`` = |p_trainer - p_rollout| over valid tokens; nonzero gaps come
+    from numerics (bf16 kernels, another engine). ``actor/entropy_old`` is the pre-update token entropy (token
+    mean); it is also ``actor/entropy`` unless the update computes its own (``entropy_coeff != 0``), as verl
+    logs the old-log-prob pass's entropy.
+    """
+    mask = batch.response_mask.astype(bool)
+    if not mask.any():
+        return {"training/rollout_probs_diff_mean": 0.0, "training/rollout_probs_diff_max": 0.0, "actor/entropy": 0.0}
+    gap = np.abs(np.exp(batch.old_log_probs) - np.exp(batch.rollout_log_probs))[mask]
+    token_entropy = float(entropy[mask].mean())
+    return {
+        "training/rollout_probs_diff_mean": float(gap.mean()),
+        "training/rollout_probs_diff_max": float(gap.max()),
+        "actor/entropy_old": token_entropy,
+        "actor/entropy": token_entropy,
+    }
+
+
 def validation_metrics(
     data_sources: list[str], prompt_ids: np.ndarray, values: dict[str, np.ndarray], preds: list | None, n: int
 ) -> dict[str, float]:

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from jaxrl.config.loader import load_config
-from jaxrl.trainer import _call_with_supported_kwargs, place_scores_on_last_token, run_training
+from jaxrl.experience import place_scores_on_last_token
+from jaxrl.trainer import _call_with_supported_kwargs, run_training
 
 REQUIRED_KEYS = [
     "critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "response_length/mean",

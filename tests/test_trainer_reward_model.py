@@ -11,7 +11,8 @@ import pytest
 from jaxrl.batch import RLBatch
 from jaxrl.config.loader import load_config
 from jaxrl.rewards.manager import RewardManager
-from jaxrl.trainer import run_training, score_with_reward_model
+from jaxrl.experience import score_with_reward_model
+from jaxrl.trainer import run_training
 from jaxrl.workers.reward_model import RewardModelOutput
 
 

@@ -140,6 +140,29 @@ class CriticWorker:
             )
             self._update_fn = None  # init_optimizer builds it (its shardings include the optimizer state's)
 
+    # -- checkpoint state ------------------------------------------------------------------------------------
+
+    def state(self) -> tuple[dict, dict]:
+        """What a checkpoint keeps of this role: ``(arrays, meta)``.
+
+        ``arrays`` = ``{"params": nnx.State, "opt_state": optax state}`` (device pytrees, as placed on the mesh);
+        ``meta`` = ``{"num_updates": int, "rng": dict}`` (JSON: the optimizer-update count the learning-rate schedule
+        reads, and the mini-batch shuffling generator's ``bit_generator.state``).
+        """
+        return ({"params": self.params, "opt_state": self.opt_state},
+                {"num_updates": self.num_updates, "rng": self.rng.bit_generator.state})
+
+    def load_state(self, arrays: dict, meta: dict) -> None:
+        """Restore what :meth:`state` returned (arrays already placed like this role's, e.g. by the checkpoint
+        store's ``restore(like=...)``).
+
+        Raises:
+          KeyError: ``arrays`` lacks ``params`` / ``opt_state`` or ``meta`` lacks ``num_updates`` / ``rng``.
+        """
+        params, opt_state, num_updates = arrays["params"], arrays["opt_state"], meta["num_updates"]
+        self.rng.bit_generator.state = meta["rng"]
+        self.params, self.opt_state, self.num_updates = params, opt_state, num_updates
+
     # -- optimizer -------------------------------------------------------------------------------------------
 
     def init_optimizer(self, rows_per_step: int) -> None:

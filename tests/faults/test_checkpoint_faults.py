@@ -217,7 +217,7 @@ def test_supersede_after_sets_newer_checkpoints_aside(tmp_path):
 
 
 def test_a_failed_final_save_names_the_newest_complete_checkpoint(tmp_path):
-    from jaxrl.trainer import check_final_checkpoint
+    from jaxrl.run_checkpoint import check_final_checkpoint
 
     with tmpfs(tmp_path / "disk", "2m") as disk:
         store = CheckpointStore(disk / "run", max_to_keep=None, async_save=True)

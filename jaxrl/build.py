@@ -1,0 +1,349 @@
+"""Construction of a run: every component built from a validated config (heavy imports happen here).
+
+:func:`build` is what :func:`jaxrl.trainer.run_training` calls first; it returns :class:`Components`, which
+:class:`jaxrl.trainer.Trainer` runs. The order is the order of the failures a user sees: the run folder is locked
+first, the checkpoint to resume from located, then everything that fails fast (the custom reward file, the device
+placement, the data files and their data sources, prompt + response lengths against the model's context from its
+config alone) before the slow model load; the roles, the rollout engine, the experience maker, the metrics logger
+and the checkpoint store come last.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+from jaxrl.batch import RLBatch
+from jaxrl.metrics import MetricsLogger
+
+log = logging.getLogger("jaxrl")
+
+
+@dataclasses.dataclass
+class Components:
+    """Everything a run is made of, built from the config by :func:`build`."""
+
+    cfg: object
+    tokenizer: object
+    model_cfg: object
+    actor: object
+    ref: object | None
+    rollout: object
+    reward: object
+    experience: object  # jaxrl.experience.ExperienceMaker over rollout + reward (+ reward_model): phases gen, reward
+    train_data: object
+    val_rows: list | None
+    logger: MetricsLogger
+    out_dir: Path
+    total_training_steps: int
+    store: object  # jaxrl.checkpoint.CheckpointStore over trainer.default_local_dir
+    model_meta: dict  # what jaxrl.export needs to rebuild the policy from a checkpoint
+    critic: object | None = None
+    placement: object | None = None  # jaxrl.workers.placement.Placement; None = every role on one device
+    translator: object | None = None  # sharding.Translator actor params -> rollout layout (a placement, or vLLM)
+    reward_model: object | None = None  # jaxrl.workers.reward_model.RewardModelWorker (reward_model.enable)
+    lock: object | None = None  # jaxrl.runlock.RunLock on out_dir, held until run_training ends
+    resume_from: tuple | None = None  # find_resume_checkpoint's answer: (root, step | None), or None = fresh start
+
+
+def build(cfg) -> Components:
+    """Construct every role of a run from a validated config (heavy imports happen here).
+
+    First of all the run folder (``trainer.default_local_dir``) is locked (:class:`jaxrl.runlock.RunLock`: a
+    second run there fails at once) and the checkpoint to resume from is located (a missing
+    ``trainer.resume_from_path`` fails here). The custom reward file, the device placement (``trainer.mesh`` /
+    ``placement``), the data files and their data sources, and the model's context length (from its config alone)
+    are checked next, so a bad reward file, a mesh that does not fit the devices, a missing, empty or malformed
+    file, a data source no reward function scores, or prompt + response lengths beyond the model's context fail
+    before the (slow) model load. The lock is released by :func:`jaxrl.trainer.run_training` (or here, if
+    building fails).
+
+    Raises:
+      jaxrl.runlock.RunLockError: another run holds the folder.
+    """
+    from jaxrl.checkpoint import find_resume_checkpoint
+    from jaxrl.runlock import RunLock
+
+    out_dir = Path(cfg.trainer.default_local_dir)
+    lock = RunLock(out_dir).acquire()  # before any write into the folder (multi-process: the primary only)
+    try:
+        t = cfg.trainer
+        resume_from = find_resume_checkpoint(t.resume_mode, out_dir, t.resume_from_path)
+        return dataclasses.replace(_build_components(cfg, out_dir), lock=lock, resume_from=resume_from)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _build_components(cfg, out_dir: Path) -> Components:
+    """:func:`build` after the lock: every role, the experience maker, the metrics logger and the checkpoint
+    store."""
+    from flax import nnx
+
+    from jaxrl.checkpoint import CheckpointStore, max_to_keep_from_config, model_meta
+    from jaxrl.config.loader import config_to_dict
+    from jaxrl.workers.placement import placement_from_config
+
+    arr = cfg.actor_rollout_ref
+    reward = _build_reward(cfg)  # a bad custom reward file fails here, first (scoring processes start later)
+    placement = placement_from_config(cfg)  # device counts checked before anything slow
+    if placement is not None:
+        log.info("placement %s", placement.describe())
+
+    train_rows, val_rows = _read_rows(cfg.data)
+    _check_data_sources(cfg, train_rows, val_rows)  # no built-in scorer and no custom reward: fail before the model
+    _check_context_lengths(cfg)  # from the model's config alone (cheap), before its weights load
+    pre, tokenizer = _load_policy(arr.model)
+    _check_context_lengths(cfg, pre.config)  # GGUF: its context is known only now, still before any compile
+    reward_model = None
+    if cfg.reward_model.enable:  # verl's RewardModelWorker, frozen, on the train mesh
+        from jaxrl.workers.reward_model import build_reward_model_worker
+
+        reward_model = build_reward_model_worker(cfg, pre.config, tokenizer, **_mesh_args(placement))
+    graphdef, params = nnx.split(pre.model)
+    train_data, val_examples = _prompt_pipelines(
+        cfg.data, tokenizer, train_rows, val_rows, dynamic_sampling=cfg.algorithm.filter_groups.enable
+    )
+    total = cfg.trainer.total_training_steps or cfg.trainer.total_epochs * train_data.steps_per_epoch
+
+    actor, ref = _build_actor_and_reference(cfg, graphdef, params, total, placement)
+    critic = _build_critic(cfg, pre, total, placement) if cfg.algorithm.adv_estimator == "gae" else None
+    rollout, translator = _build_rollout(cfg, pre.config, graphdef, params, tokenizer, actor, placement)
+    experience = _build_experience_maker(cfg, rollout, tokenizer, reward, reward_model)
+    logger = MetricsLogger(
+        cfg.trainer.logger, out_dir, project_name=cfg.trainer.project_name,
+        experiment_name=cfg.trainer.experiment_name, config=config_to_dict(cfg),
+    )
+    store = CheckpointStore(
+        out_dir, async_save=cfg.trainer.checkpoint_async,
+        max_to_keep=max_to_keep_from_config(
+            cfg.trainer.max_actor_ckpt_to_keep, cfg.trainer.max_critic_ckpt_to_keep, has_critic=critic is not None
+        ),
+    )
+    try:
+        store.save_tokenizer(tokenizer)
+    except BaseException:
+        store.close()  # ends orbax's background threads before the error propagates
+        raise
+    return Components(
+        cfg=cfg, tokenizer=tokenizer, model_cfg=pre.config, actor=actor, ref=ref, rollout=rollout, reward=reward,
+        experience=experience, train_data=train_data, val_rows=val_examples, logger=logger, out_dir=out_dir,
+        total_training_steps=total, store=store,
+        model_meta=model_meta(pre.config, path=arr.model.path, param_dtype=arr.model.param_dtype),
+        critic=critic, placement=placement, translator=translator, reward_model=reward_model,
+    )
+
+
+def _read_rows(d):
+    """Raw train / validation rows as ``LoadedRows`` (``data.*_max_samples`` applied); a split without a usable row
+    raises ``DataFileError``."""
+    from jaxrl.data.sources import load_split
+
+    common = dict(skip_malformed=d.skip_malformed, prompt_key=d.prompt_key)
+    train = load_split(d.train_files, split="train", max_samples=d.train_max_samples, **common)
+    val = load_split(d.val_files, split="val", max_samples=d.val_max_samples, **common) if d.val_files else None
+    return train, val
+
+
+def _check_context_lengths(cfg, policy_config=None) -> None:
+    """Prompt + response lengths must fit the policy's (and a separate critic's) context; raises ``ConfigError``
+    naming the model's limit. Without ``policy_config`` (before any load) only configs that are cheap to read
+    (``config.json``, a llama2.c header; not GGUF) are checked; with it, the loaded policy's."""
+    from jaxrl.config.loader import check_context_length
+    from jaxrl.models.files import read_model_config
+
+    path = cfg.actor_rollout_ref.model.path
+    if policy_config is not None:
+        check_context_length(cfg, policy_config.max_position_embeddings,
+                             model=f"actor_rollout_ref.model.path={path!r}")
+        return
+    paths = [("actor_rollout_ref.model.path", path)]
+    if cfg.algorithm.adv_estimator == "gae" and cfg.critic.model.path:
+        paths.append(("critic.model.path", cfg.critic.model.path))
+    for key, p in paths:
+        found = read_model_config(p, cheap_only=True)
+        if found is not None:
+            check_context_length(cfg, found[0].get("max_position_embeddings"), model=f"{key}={p!r} ({found[1]})")
+
+
+def _check_data_sources(cfg, train_rows, val_rows) -> None:
+    """``jaxrl.rewards.check_data_sources`` on the first rows of the train and validation files."""
+    from jaxrl.rewards import CHECKED_ROWS, check_data_sources
+
+    custom = bool(cfg.custom_reward_function.path)
+    # with a reward model that replaces the rule reward, rows marked style="model" never reach a rule function
+    rm_only = cfg.reward_model.enable and cfg.reward_model.combine == "replace"
+    for key, loaded in (("train_files", train_rows), ("val_files", val_rows)):
+        rows = loaded.rows if loaded is not None else []
+        sources = (r.get("data_source") for r in rows[:CHECKED_ROWS]
+                   if not (rm_only and (r.get("reward_model") or {}).get("style") == "model"))
+        check_data_sources(sources, custom_reward=custom, origin=f"data.{key}={getattr(cfg.data, key)!r}")
+
+
+def _load_policy(model_cfg):
+    """The pretrained policy and its tokenizer (``model.tokenizer_path`` overrides the model's own)."""
+    from jaxrl.models import load_pretrained
+
+    pre = load_pretrained(
+        model_cfg.path, param_dtype=model_cfg.param_dtype, dtype=model_cfg.dtype,
+        remat=model_cfg.enable_gradient_checkpointing,
+    )
+    tokenizer = pre.tokenizer
+    if model_cfg.tokenizer_path:
+        from jaxrl.models.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(model_cfg.tokenizer_path)
+    if tokenizer is None:
+        raise ValueError(f"no tokenizer found for model {model_cfg.path!r}; set actor_rollout_ref.model.tokenizer_path")
+    return pre, tokenizer
+
+
+def _prompt_pipelines(d, tokenizer, train_rows, val_rows, *, dynamic_sampling: bool = False):
+    """The training prompt pipeline and the tokenised validation examples (``{"prompt_ids", "row"}``) from the
+    ``LoadedRows`` of each split.
+
+    With DAPO dynamic sampling each generation round reads ``data.gen_batch_size`` prompts.
+    """
+    from jaxrl.data.pipeline import PromptPipeline
+
+    common = dict(
+        max_prompt_length=d.max_prompt_length, prompt_key=d.prompt_key,
+        filter_overlong_prompts=d.filter_overlong_prompts, truncation=d.truncation, seed=d.seed,
+    )
+    batch_size = (d.gen_batch_size or d.train_batch_size) if dynamic_sampling else d.train_batch_size
+    train = PromptPipeline(train_rows.rows, tokenizer, batch_size=batch_size, shuffle=d.shuffle,
+                           origins=train_rows.origins, split="train", **common)
+    if val_rows is None:
+        return train, None
+    val = PromptPipeline(val_rows.rows, tokenizer, batch_size=1, shuffle=False, origins=val_rows.origins,
+                         split="val", **common)
+    examples = [
+        {"prompt_ids": ids, "row": row}
+        for b in val.iter_batches_once(batch_size=64)
+        for ids, row in zip(b.prompt_ids, b.rows)
+    ]
+    return train, examples
+
+
+def _mesh_args(placement) -> dict:
+    """``mesh=`` / ``rules=`` for a trained role: the train mesh and rules, or nothing (one device)."""
+    return {} if placement is None else {"mesh": placement.train_mesh, "rules": placement.rules}
+
+
+def _build_actor_and_reference(cfg, graphdef, params, total_training_steps, placement=None):
+    """The actor, and the frozen reference (a copy of the initial params) when a KL term needs it.
+
+    With a placement both live on the train mesh; the reference's params take the actor's shardings.
+    """
+    import jax
+
+    from jaxrl.workers.actor import ActorWorker, LogProbComputer
+
+    arr = cfg.actor_rollout_ref
+    rollout_cfg = arr.rollout
+    ref_params = None
+    if arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
+        ref_params = jax.tree.map(lambda x: x.copy(), params)  # frozen copy: the actor's buffers are updated
+    actor = ActorWorker(
+        graphdef, params, arr.actor, rollout_n=rollout_cfg.n, temperature=rollout_cfg.temperature,
+        log_prob_micro_batch_size=rollout_cfg.log_prob_micro_batch_size_per_gpu,
+        total_training_steps=total_training_steps, seed=cfg.trainer.seed, ref_params=ref_params,
+        **_mesh_args(placement),
+    )
+    actor.init_optimizer(cfg.data.train_batch_size * rollout_cfg.n)  # now, so a checkpoint always has its state
+    if ref_params is None:
+        return actor, None
+    if placement is not None:
+        from sharding import shard_state
+
+        ref_params = shard_state(ref_params, actor.param_shardings)
+    micro = arr.ref.log_prob_micro_batch_size_per_gpu or rollout_cfg.log_prob_micro_batch_size_per_gpu
+    ref = _Reference(LogProbComputer(graphdef, micro_batch_size=micro, temperature=rollout_cfg.temperature,
+                                     **_mesh_args(placement)), ref_params)
+    return actor, ref
+
+
+def _build_rollout(cfg, model_cfg, graphdef, params, tokenizer, actor, placement):
+    """The rollout engine and the translator that feeds it every sync (None: the engine takes the params as is).
+
+    * embedded sampler with a placement: the sampler starts on the actor's params as translated onto the rollout
+      mesh (a ``"jax"`` plan), so the first sync and every later one take the same path; without a placement it
+      runs on the actor's own single-device params and needs no translator;
+    * vLLM: an ``"hf"`` plan (:func:`jaxrl.workers.placement.build_hf_translator`) turns the actor's params, on
+      whatever train mesh, into whole HF-checkpoint tensors on the engine's device (vLLM's weight loaders cut their
+      own tensor-parallel shards); the engine starts from the same weights written as an HF directory.
+    """
+    from jaxrl.workers.placement import build_hf_translator, build_translator
+    from jaxrl.workers.rollout import make_rollout_engine
+
+    engine_params = actor.params if placement else params
+    if cfg.actor_rollout_ref.rollout.name == "vllm":
+        from jaxrl.rollout.vllm_worker import VllmWorkerEngine
+
+        rollout = make_rollout_engine(cfg, model_cfg, graphdef, engine_params, tokenizer, placement=placement)
+        # vLLM in its own process (split placement) reads host memory; in-process vLLM takes device arrays
+        return rollout, build_hf_translator(engine_params, model_cfg, host=isinstance(rollout, VllmWorkerEngine))
+    if placement is None:
+        return make_rollout_engine(cfg, model_cfg, graphdef, params, tokenizer), None
+    translator = build_translator(actor.params, placement)
+    rollout_params, report = translator.sync(actor.params)
+    log.info("initial weight sync: %d tensors, %.1f MB moved in %.2f s", report.num_tensors,
+             report.bytes_moved / 1e6, report.seconds)
+    rollout = make_rollout_engine(cfg, model_cfg, graphdef, rollout_params, tokenizer, mesh=placement.rollout_mesh)
+    return rollout, translator
+
+
+def _build_critic(cfg, policy, total_training_steps, placement=None):
+    """PPO's critic: a value model from ``critic.model.path`` or, when unset, from the policy's weights."""
+    from flax import nnx
+
+    from jaxrl.models.value_model import build_value_model
+    from jaxrl.workers.critic import CriticWorker
+
+    cc = cfg.critic
+    model = build_value_model(
+        cc.model.path, policy, param_dtype=cc.model.param_dtype, dtype=cc.model.dtype,
+        remat=cc.model.enable_gradient_checkpointing, seed=cfg.trainer.seed,
+    )
+    graphdef, params = nnx.split(model)
+    critic = CriticWorker(
+        graphdef, params, cc, rollout_n=cfg.actor_rollout_ref.rollout.n, total_training_steps=total_training_steps,
+        seed=cfg.trainer.seed, **_mesh_args(placement),  # the critic follows the actor's mesh
+    )
+    critic.init_optimizer(cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n)
+    return critic
+
+
+def _build_reward(cfg):
+    """The reward manager (``reward_model.reward_manager``) around the custom ``compute_score`` (imported and its
+    signature checked now) or the built-in dispatcher; its scoring processes start with :meth:`start`."""
+    from jaxrl.rewards import default_compute_score
+    from jaxrl.rewards.factory import build_reward_manager
+
+    return build_reward_manager(cfg, default_compute_score)
+
+
+def _build_experience_maker(cfg, rollout, tokenizer, reward, reward_model):
+    """The experience maker of the step's ``gen`` / ``reward`` phases, over the run's engine and reward."""
+    from jaxrl.experience import ExperienceMaker
+
+    rollout_cfg = cfg.actor_rollout_ref.rollout
+    return ExperienceMaker(
+        rollout=rollout, tokenizer=tokenizer, reward=reward, rollout_cfg=rollout_cfg,
+        max_new_tokens=rollout_cfg.max_new_tokens or cfg.data.max_response_length, algorithm_cfg=cfg.algorithm,
+        train_batch_size=cfg.data.train_batch_size, reward_model=reward_model,
+        reward_model_combine=cfg.reward_model.combine, prompt_key=cfg.data.prompt_key,
+    )
+
+
+@dataclasses.dataclass
+class _Reference:
+    """The frozen reference policy: a :class:`LogProbComputer` bound to the initial params."""
+
+    log_prob: object
+    params: object
+
+    def compute_log_probs(self, batch: RLBatch):
+        return self.log_prob(self.params, batch)
+
