@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import json
 import logging
 import signal
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxrl.algorithms.registry import ADV_ESTIMATORS, needs_critic
 from jaxrl.batch import RLBatch, concat_batches
 from jaxrl.metrics import MetricsLogger, _stats, batch_metrics, plot_rewards, timed, validation_metrics
 from jaxrl.rewards.manager import RewardOutput
@@ -73,14 +73,6 @@ def _sampling_params(rollout_cfg, max_new_tokens: int, *, validation: bool, seed
         max_new_tokens=max_new_tokens, do_sample=rollout_cfg.do_sample,
         stop_token_ids=tuple(rollout_cfg.stop_token_ids or ()), seed=seed, ignore_eos=rollout_cfg.ignore_eos,
     )
-
-
-def _call_with_supported_kwargs(fn, *args, **kwargs):
-    """Call ``fn`` passing only the keyword arguments its signature declares (estimators differ)."""
-    params = inspect.signature(fn).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return fn(*args, **kwargs)
-    return fn(*args, **{k: v for k, v in kwargs.items() if k in params})
 
 
 def decode_responses(tokenizer, response_ids: np.ndarray, response_mask: np.ndarray) -> list[str]:
@@ -330,7 +322,7 @@ class Trainer:
                     metrics["reward/overlong_ratio"] = float((penalty < 0).mean())
                 scores = scores + penalty
             batch.token_level_scores = place_scores_on_last_token(scores, batch.response_mask)
-        if cfg.algorithm.adv_estimator == "remax":
+        if "reward_baselines" in ADV_ESTIMATORS.entry(cfg.algorithm.adv_estimator).inputs:  # remax
             with timed("gen_max", t):  # ReMax's baseline: the score of a greedy response to the same prompt
                 greedy = dataclasses.replace(sp, n=1, do_sample=False)
                 base_out = c.rollout.generate(prompts.prompt_ids, greedy)
@@ -380,20 +372,15 @@ class Trainer:
         return np.asarray(rewards, np.float32)
 
     def _advantages(self, batch: RLBatch) -> tuple[np.ndarray, np.ndarray]:
-        from jaxrl.algorithms import get_adv_estimator
-
+        """The registered estimator of ``algorithm.adv_estimator`` with the options it declares (from
+        ``algorithm.*``) and the batch arrays it reads (``values``, ``reward_baselines``), by name."""
         alg = self.c.cfg.algorithm
-        fn = get_adv_estimator(alg.adv_estimator)
-        adv, ret = _call_with_supported_kwargs(
-            fn,
-            batch.token_level_rewards,
-            batch.response_mask.astype(np.float32),
-            batch.group_ids.astype(np.int32),
-            norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
-            gamma=alg.gamma,
-            lam=alg.lam,
-            values=batch.values,
-            reward_baselines=batch.reward_baselines,
+        entry = ADV_ESTIMATORS.entry(alg.adv_estimator)
+        options = {name: getattr(alg, name) for name in entry.options}
+        inputs = {name: getattr(batch, name) for name in entry.inputs}
+        adv, ret = entry.load()(
+            batch.token_level_rewards, batch.response_mask.astype(np.float32), batch.group_ids.astype(np.int32),
+            **options, **inputs,
         )
         return np.asarray(adv, np.float32), np.asarray(ret, np.float32)
 
@@ -779,7 +766,7 @@ def _build_components(cfg, out_dir: Path) -> Components:
     total = cfg.trainer.total_training_steps or cfg.trainer.total_epochs * train_data.steps_per_epoch
 
     actor, ref = _build_actor_and_reference(cfg, graphdef, params, total, placement)
-    critic = _build_critic(cfg, pre, total, placement) if cfg.algorithm.adv_estimator == "gae" else None
+    critic = _build_critic(cfg, pre, total, placement) if needs_critic(cfg.algorithm.adv_estimator) else None
     rollout, translator = _build_rollout(cfg, pre.config, graphdef, params, tokenizer, actor, placement)
     logger = MetricsLogger(
         cfg.trainer.logger, out_dir, project_name=cfg.trainer.project_name,
@@ -828,7 +815,7 @@ def _check_context_lengths(cfg, policy_config=None) -> None:
                              model=f"actor_rollout_ref.model.path={path!r}")
         return
     paths = [("actor_rollout_ref.model.path", path)]
-    if cfg.algorithm.adv_estimator == "gae" and cfg.critic.model.path:
+    if needs_critic(cfg.algorithm.adv_estimator) and cfg.critic.model.path:
         paths.append(("critic.model.path", cfg.critic.model.path))
     for key, p in paths:
         found = read_model_config(p, cheap_only=True)
@@ -907,29 +894,29 @@ def _build_actor_and_reference(cfg, graphdef, params, total_training_steps, plac
     """
     import jax
 
+    from jaxrl.config.batch_plan import BatchPlan
     from jaxrl.workers.actor import ActorWorker, LogProbComputer
 
     arr = cfg.actor_rollout_ref
     rollout_cfg = arr.rollout
+    plan = BatchPlan.from_config(cfg)
     ref_params = None
     if arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
         ref_params = jax.tree.map(lambda x: x.copy(), params)  # frozen copy: the actor's buffers are updated
     actor = ActorWorker(
-        graphdef, params, arr.actor, rollout_n=rollout_cfg.n, temperature=rollout_cfg.temperature,
-        log_prob_micro_batch_size=rollout_cfg.log_prob_micro_batch_size_per_gpu,
+        graphdef, params, arr.actor, plan=plan.actor, temperature=rollout_cfg.temperature,
         total_training_steps=total_training_steps, seed=cfg.trainer.seed, ref_params=ref_params,
         **_mesh_args(placement),
     )
-    actor.init_optimizer(cfg.data.train_batch_size * rollout_cfg.n)  # now, so a checkpoint always has its state
+    actor.init_optimizer()  # now, so a checkpoint always has its state
     if ref_params is None:
         return actor, None
     if placement is not None:
         from sharding import shard_state
 
         ref_params = shard_state(ref_params, actor.param_shardings)
-    micro = arr.ref.log_prob_micro_batch_size_per_gpu or rollout_cfg.log_prob_micro_batch_size_per_gpu
-    ref = _Reference(LogProbComputer(graphdef, micro_batch_size=micro, temperature=rollout_cfg.temperature,
-                                     **_mesh_args(placement)), ref_params)
+    ref = _Reference(LogProbComputer(graphdef, micro_batch_size=plan.ref_log_prob_rows,
+                                     temperature=rollout_cfg.temperature, **_mesh_args(placement)), ref_params)
     return actor, ref
 
 
@@ -967,6 +954,7 @@ def _build_critic(cfg, policy, total_training_steps, placement=None):
     """PPO's critic: a value model from ``critic.model.path`` or, when unset, from the policy's weights."""
     from flax import nnx
 
+    from jaxrl.config.batch_plan import BatchPlan
     from jaxrl.models.value_model import build_value_model
     from jaxrl.workers.critic import CriticWorker
 
@@ -977,10 +965,10 @@ def _build_critic(cfg, policy, total_training_steps, placement=None):
     )
     graphdef, params = nnx.split(model)
     critic = CriticWorker(
-        graphdef, params, cc, rollout_n=cfg.actor_rollout_ref.rollout.n, total_training_steps=total_training_steps,
+        graphdef, params, cc, plan=BatchPlan.from_config(cfg).critic, total_training_steps=total_training_steps,
         seed=cfg.trainer.seed, **_mesh_args(placement),  # the critic follows the actor's mesh
     )
-    critic.init_optimizer(cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n)
+    critic.init_optimizer()
     return critic
 
 
