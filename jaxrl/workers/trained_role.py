@@ -215,7 +215,10 @@ class TrainedRole:
         return arrays, {"num_updates": self.num_updates, "rng": self.rng.bit_generator.state}
 
     def load_state(self, arrays: dict, meta: dict) -> None:
-        """Restore what :meth:`state` returned (arrays already on this role's shardings)."""
+        """Restore what :meth:`state` returned (arrays already on this role's shardings). The optimizer is built
+        first if it is not yet (so a later update does not replace the restored state with a fresh one)."""
+        if self._tx is None:
+            self.init_optimizer()
         self.params, self.opt_state = arrays["params"], arrays["opt_state"]
         self.num_updates = int(meta["num_updates"])
         self.rng.bit_generator.state = meta["rng"]
