@@ -57,8 +57,8 @@ def tiny_actor_config(**overrides) -> ActorConfig:
 def tiny_critic_config(**overrides) -> CriticConfig:
     """``critic`` for role tests: mini-batch 2 prompts, micro-batch 2 rows, one epoch, no shuffle, value clip 0.5."""
     base = CriticConfig(
-        optim=tiny_optim(), ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2, forward_micro_batch_size_per_gpu=None,
-        ppo_epochs=1, shuffle=False, grad_clip=1.0, cliprange_value=0.5, loss_agg_mode="token-mean",
+        optim=tiny_optim(), ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2,
+        forward_micro_batch_size_per_gpu=None, ppo_epochs=1, shuffle=False, grad_clip=1.0, cliprange_value=0.5, loss_agg_mode="token-mean",
     )
     return dataclasses.replace(base, **overrides)
 

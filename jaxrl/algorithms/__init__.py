@@ -26,17 +26,43 @@ from __future__ import annotations
 
 import importlib
 
-_EXPORTS: dict[str, tuple[str, ...]] = {
-    "advantages": ('compute_gae_advantage_return', 'compute_gpg_outcome_advantage', 'compute_grpo_outcome_advantage', 'compute_grpo_passk_outcome_advantage', 'compute_opo_outcome_advantage', 'compute_reinforce_plus_plus_baseline_outcome_advantage', 'compute_reinforce_plus_plus_outcome_advantage', 'compute_remax_outcome_advantage', 'compute_rloo_outcome_advantage',),
-    "stats": ('group_mean_std', 'masked_var', 'masked_whiten',),
-    "agg": ('LOSS_AGG_MODES', 'agg_loss', 'check_loss_agg_mode', 'masked_mean', 'masked_sum',),
-    "kl": ('KL_PENALTIES', 'KL_PENALTIES_STRAIGHT_THROUGH', 'KL_PENALTY_FULL', 'kl_full', 'kl_penalty',),
-    "kl_control": ('KL_CTRL_TYPES', 'AdaptiveKLController', 'FixedKLController', 'KLController', 'apply_kl_penalty', 'get_kl_controller',),
-    "logprob": ('entropy_from_logits', 'log_probs_from_logits',),
-    "policy_loss": ('compute_policy_loss_cispo', 'compute_policy_loss_gpg', 'compute_policy_loss_gspo', 'compute_policy_loss_vanilla', 'tis_weights',),
-    "cov_losses": ('compute_policy_loss_clip_cov', 'compute_policy_loss_kl_cov',),
-    "value": ('compute_value_loss', 'explained_variance',),
-    "registry": ('get_adv_estimator', 'get_policy_loss', 'register_adv_estimator', 'register_policy_loss', 'registered_adv_estimators', 'registered_policy_losses',),
+_EXPORTS: dict[str, tuple[str, ...]] = {  # module -> the names it exports here
+    "advantages": (
+        "compute_gae_advantage_return", "compute_gpg_outcome_advantage", "compute_grpo_outcome_advantage",
+        "compute_grpo_passk_outcome_advantage", "compute_opo_outcome_advantage",
+        "compute_reinforce_plus_plus_baseline_outcome_advantage", "compute_reinforce_plus_plus_outcome_advantage",
+        "compute_remax_outcome_advantage", "compute_rloo_outcome_advantage",
+    ),
+    "stats": (
+        "group_mean_std", "masked_var", "masked_whiten",
+    ),
+    "agg": (
+        "LOSS_AGG_MODES", "agg_loss", "check_loss_agg_mode", "masked_mean", "masked_sum",
+    ),
+    "kl": (
+        "KL_PENALTIES", "KL_PENALTIES_STRAIGHT_THROUGH", "KL_PENALTY_FULL", "kl_full", "kl_penalty",
+    ),
+    "kl_control": (
+        "KL_CTRL_TYPES", "AdaptiveKLController", "FixedKLController", "KLController", "apply_kl_penalty",
+        "get_kl_controller",
+    ),
+    "logprob": (
+        "entropy_from_logits", "log_probs_from_logits",
+    ),
+    "policy_loss": (
+        "compute_policy_loss_cispo", "compute_policy_loss_gpg", "compute_policy_loss_gspo",
+        "compute_policy_loss_vanilla", "tis_weights",
+    ),
+    "cov_losses": (
+        "compute_policy_loss_clip_cov", "compute_policy_loss_kl_cov",
+    ),
+    "value": (
+        "compute_value_loss", "explained_variance",
+    ),
+    "registry": (
+        "get_adv_estimator", "get_policy_loss", "register_adv_estimator", "register_policy_loss",
+        "registered_adv_estimators", "registered_policy_losses",
+    ),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 

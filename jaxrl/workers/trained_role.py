@@ -166,7 +166,8 @@ class TrainedRole:
     def _update_minibatch(self, params, opt_state, minibatch, num_tokens, num_seqs, extra, *, prompt_width):
         """One optimizer update from a mini-batch stacked as ``[num_micro, micro_rows, ...]`` (skipped when the
         gradient is not finite)."""
-        grads, metrics = self.accumulate_grads(params, minibatch, num_tokens, num_seqs, extra, prompt_width=prompt_width)
+        grads, metrics = self.accumulate_grads(params, minibatch, num_tokens, num_seqs, extra,
+                                               prompt_width=prompt_width)
         new_params, new_opt_state, grad_norm, finite = guarded_update(self._tx, grads, opt_state, params)
         metrics[f"{self.name}/grad_norm"] = grad_norm
         metrics[f"{self.name}/nonfinite_grad"] = 1.0 - finite.astype(jnp.float32)

@@ -134,7 +134,8 @@ def test_cli_reports_a_bad_external_lib_as_a_config_error(tmp_path):
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode == 2
-    assert proc.stderr.startswith("jaxrl: config error: algorithm.external_lib=") and "cannot be imported" in proc.stderr
+    assert proc.stderr.startswith("jaxrl: config error: algorithm.external_lib=")
+    assert "cannot be imported" in proc.stderr
     ok = subprocess.run(
         [sys.executable, "-m", "jaxrl.train", "--print-config", "algorithm.external_lib=json"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
