@@ -124,7 +124,8 @@ def train_flops_per_token(cfg, seq_len: int) -> FlopsModel:
 
 
 def actor_config(rows: int, micro_rows: int, *, remat: bool = False, extra: tuple[str, ...] = ()):
-    """The trainer's validated ``actor_rollout_ref.actor`` section for one update over ``rows`` responses.
+    """The trainer's validated ``actor_rollout_ref.actor`` section and the actor's batch plan
+    (:class:`jaxrl.config.batch_plan.RolePlan`) for one update over ``rows`` responses.
 
     GRPO defaults of the workload (``bench/workload.py``): one mini-batch of all ``rows`` (``rollout.n=1``), micro
     batches of ``micro_rows``, AdamW lr 1e-6, grad clip 1.0, no KL, no entropy term, float32.
@@ -133,17 +134,20 @@ def actor_config(rows: int, micro_rows: int, *, remat: bool = False, extra: tupl
       jaxrl.config.ConfigError: ``micro_rows`` does not divide ``rows`` (or another invalid combination).
     """
     from jaxrl.config import load_config
+    from jaxrl.config.batch_plan import BatchPlan
 
     overrides = [
         "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.n=1", f"data.train_batch_size={rows}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={rows}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro_rows}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro_rows}",
         "actor_rollout_ref.actor.optim.lr=1e-6", "actor_rollout_ref.actor.optim.weight_decay=0",
         "actor_rollout_ref.actor.use_kl_loss=false", "actor_rollout_ref.actor.entropy_coeff=0",
         f"actor_rollout_ref.model.enable_gradient_checkpointing={str(remat).lower()}",
         "actor_rollout_ref.model.dtype=float32", "actor_rollout_ref.model.param_dtype=float32", *extra,
     ]
-    return load_config(None, overrides).actor_rollout_ref.actor
+    cfg = load_config(None, overrides)
+    return cfg.actor_rollout_ref.actor, BatchPlan.from_config(cfg).actor
 
 
 def synthetic_batch(tokenizer, rows: int, prompt_width: int, response_len: int, vocab_size: int, *,

@@ -105,10 +105,9 @@ def _actor(pre, rows: int, micro: int, remat: bool):
     from jaxrl.workers.actor import ActorWorker
 
     graphdef, params = nnx.split(pre.model)
-    cfg = actor_config(rows, micro, remat=remat)
-    actor = ActorWorker(graphdef, params, cfg, rollout_n=1, temperature=1.0, log_prob_micro_batch_size=micro,
-                        total_training_steps=1000)
-    actor.init_optimizer(rows)
+    cfg, plan = actor_config(rows, micro, remat=remat)
+    actor = ActorWorker(graphdef, params, cfg, plan=plan, temperature=1.0, total_training_steps=1000)
+    actor.init_optimizer()
     return actor
 
 

@@ -14,6 +14,7 @@ import dataclasses
 import logging
 from pathlib import Path
 
+from jaxrl.algorithms.registry import needs_critic
 from jaxrl.batch import RLBatch
 from jaxrl.metrics import MetricsLogger
 
@@ -108,7 +109,7 @@ def _build_components(cfg, out_dir: Path) -> Components:
     total = cfg.trainer.total_training_steps or cfg.trainer.total_epochs * train_data.steps_per_epoch
 
     actor, ref = _build_actor_and_reference(cfg, graphdef, params, total, placement)
-    critic = _build_critic(cfg, pre, total, placement) if cfg.algorithm.adv_estimator == "gae" else None
+    critic = _build_critic(cfg, pre, total, placement) if needs_critic(cfg.algorithm.adv_estimator) else None
     rollout, translator = _build_rollout(cfg, pre.config, graphdef, params, tokenizer, actor, placement)
     experience = _build_experience_maker(cfg, rollout, tokenizer, reward, reward_model)
     logger = MetricsLogger(
@@ -159,7 +160,7 @@ def _check_context_lengths(cfg, policy_config=None) -> None:
                              model=f"actor_rollout_ref.model.path={path!r}")
         return
     paths = [("actor_rollout_ref.model.path", path)]
-    if cfg.algorithm.adv_estimator == "gae" and cfg.critic.model.path:
+    if needs_critic(cfg.algorithm.adv_estimator) and cfg.critic.model.path:
         paths.append(("critic.model.path", cfg.critic.model.path))
     for key, p in paths:
         found = read_model_config(p, cheap_only=True)
@@ -238,6 +239,7 @@ def _build_actor_and_reference(cfg, graphdef, params, total_training_steps, plac
     """
     import jax
 
+    from jaxrl.config.batch_plan import BatchPlan
     from jaxrl.workers.actor import ActorWorker, LogProbComputer
 
     arr = cfg.actor_rollout_ref
@@ -245,21 +247,21 @@ def _build_actor_and_reference(cfg, graphdef, params, total_training_steps, plac
     ref_params = None
     if arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
         ref_params = jax.tree.map(lambda x: x.copy(), params)  # frozen copy: the actor's buffers are updated
+    plan = BatchPlan.from_config(cfg)
     actor = ActorWorker(
-        graphdef, params, arr.actor, rollout_n=rollout_cfg.n, temperature=rollout_cfg.temperature,
-        log_prob_micro_batch_size=rollout_cfg.log_prob_micro_batch_size_per_gpu,
+        graphdef, params, arr.actor, plan=plan.actor, temperature=rollout_cfg.temperature,
         total_training_steps=total_training_steps, seed=cfg.trainer.seed, ref_params=ref_params,
         **_mesh_args(placement),
     )
-    actor.init_optimizer(cfg.data.train_batch_size * rollout_cfg.n)  # now, so a checkpoint always has its state
+    actor.init_optimizer()  # now, so a checkpoint always has its state
     if ref_params is None:
         return actor, None
     if placement is not None:
         from sharding import shard_state
 
         ref_params = shard_state(ref_params, actor.param_shardings)
-    micro = arr.ref.log_prob_micro_batch_size_per_gpu or rollout_cfg.log_prob_micro_batch_size_per_gpu
-    ref = _Reference(LogProbComputer(graphdef, micro_batch_size=micro, temperature=rollout_cfg.temperature,
+    ref = _Reference(LogProbComputer(graphdef, micro_batch_size=plan.ref_log_prob_rows,
+                                     temperature=rollout_cfg.temperature,
                                      **_mesh_args(placement)), ref_params)
     return actor, ref
 
@@ -299,6 +301,7 @@ def _build_critic(cfg, policy, total_training_steps, placement=None):
     from flax import nnx
 
     from jaxrl.models.value_model import build_value_model
+    from jaxrl.config.batch_plan import BatchPlan
     from jaxrl.workers.critic import CriticWorker
 
     cc = cfg.critic
@@ -308,10 +311,10 @@ def _build_critic(cfg, policy, total_training_steps, placement=None):
     )
     graphdef, params = nnx.split(model)
     critic = CriticWorker(
-        graphdef, params, cc, rollout_n=cfg.actor_rollout_ref.rollout.n, total_training_steps=total_training_steps,
+        graphdef, params, cc, plan=BatchPlan.from_config(cfg).critic, total_training_steps=total_training_steps,
         seed=cfg.trainer.seed, **_mesh_args(placement),  # the critic follows the actor's mesh
     )
-    critic.init_optimizer(cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n)
+    critic.init_optimizer()
     return critic
 
 

@@ -21,6 +21,7 @@ import logging
 
 import numpy as np
 
+from jaxrl.algorithms.registry import ADV_ESTIMATORS
 from jaxrl.batch import RLBatch, concat_batches
 from jaxrl.metrics import _stats, timed
 from jaxrl.rewards.manager import RewardOutput
@@ -245,7 +246,7 @@ class ExperienceMaker:
                     metrics["reward/overlong_ratio"] = float((penalty < 0).mean())
                 scores = scores + penalty
             batch.token_level_scores = place_scores_on_last_token(scores, batch.response_mask)
-        if self.algorithm.adv_estimator == "remax":
+        if "reward_baselines" in ADV_ESTIMATORS.entry(self.algorithm.adv_estimator).inputs:  # ReMax
             with timed("gen_max", timings):  # ReMax's baseline: the score of a greedy response to the same prompt
                 greedy = dataclasses.replace(sp, n=1, do_sample=False)
                 base_out = self.rollout.generate(prompts.prompt_ids, greedy)

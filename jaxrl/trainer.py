@@ -15,7 +15,6 @@ is a role (``jaxrl.workers``), the rollout engine (``jaxrl.rollout``) or a pure 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import logging
 import signal
@@ -31,14 +30,6 @@ from jaxrl.metrics import batch_metrics, plot_rewards, rollout_mismatch_metrics,
 from jaxrl.run_checkpoint import RunCheckpoints, check_final_checkpoint, latest_checkpoint_text
 
 log = logging.getLogger("jaxrl")
-
-
-def _call_with_supported_kwargs(fn, *args, **kwargs):
-    """Call ``fn`` passing only the keyword arguments its signature declares (estimators differ)."""
-    params = inspect.signature(fn).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return fn(*args, **kwargs)
-    return fn(*args, **{k: v for k, v in kwargs.items() if k in params})
 
 
 class Trainer:
@@ -140,20 +131,17 @@ class Trainer:
         return np.asarray(rewards, np.float32)
 
     def _advantages(self, batch: RLBatch) -> tuple[np.ndarray, np.ndarray]:
-        from jaxrl.algorithms import get_adv_estimator
+        """The estimator's advantages and returns ``[N, R]``: it gets exactly the options its registry entry
+        declares (from ``algorithm.*``) and the batch arrays it reads (``values``, ``reward_baselines``), by name."""
+        from jaxrl.algorithms.registry import ADV_ESTIMATORS
 
         alg = self.c.cfg.algorithm
-        fn = get_adv_estimator(alg.adv_estimator)
-        adv, ret = _call_with_supported_kwargs(
-            fn,
-            batch.token_level_rewards,
-            batch.response_mask.astype(np.float32),
-            batch.group_ids.astype(np.int32),
-            norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
-            gamma=alg.gamma,
-            lam=alg.lam,
-            values=batch.values,
-            reward_baselines=batch.reward_baselines,
+        entry = ADV_ESTIMATORS.entry(alg.adv_estimator)
+        options = {name: getattr(alg, name) for name in entry.options}
+        inputs = {name: getattr(batch, name) for name in entry.inputs}
+        adv, ret = entry.load()(
+            batch.token_level_rewards, batch.response_mask.astype(np.float32), batch.group_ids.astype(np.int32),
+            **options, **inputs,
         )
         return np.asarray(adv, np.float32), np.asarray(ret, np.float32)
 

@@ -10,7 +10,7 @@ import pytest
 
 from jaxrl.config.loader import load_config
 from jaxrl.experience import place_scores_on_last_token
-from jaxrl.trainer import _call_with_supported_kwargs, run_training
+from jaxrl.trainer import run_training
 
 REQUIRED_KEYS = [
     "critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "response_length/mean",
@@ -29,11 +29,34 @@ def test_scores_sit_on_the_last_valid_token():
     np.testing.assert_array_equal(out, expected)
 
 
-def test_estimator_options_are_filtered_by_signature():
-    def est(rewards, mask, groups, *, gamma):
-        return gamma
+def test_estimator_gets_its_declared_options_and_inputs_by_name(monkeypatch):
+    """The advantage phase passes exactly the options the registry entry declares (from algorithm.*) and the batch
+    arrays it reads, by name; nothing is filtered by signature (an estimator taking **kwargs gets no extras)."""
+    from jaxrl.algorithms import registry
+    from jaxrl.batch import RLBatch
+    from jaxrl.trainer import Trainer
 
-    assert _call_with_supported_kwargs(est, 1, 2, 3, gamma=0.5, lam=0.9, norm_adv_by_std_in_grpo=True) == 0.5
+    monkeypatch.setattr(registry.ADV_ESTIMATORS, "_entries", dict(registry.ADV_ESTIMATORS._entries))
+    seen = {}
+
+    @registry.register_adv_estimator("_test_recording", options=("gamma",), inputs=("values",))
+    def recording(token_level_rewards, response_mask, group_ids, **kwargs):
+        seen.update(kwargs)
+        return token_level_rewards * 2, token_level_rewards + kwargs["values"]
+
+    cfg = load_config(None, ["algorithm.adv_estimator=_test_recording", "algorithm.gamma=0.25"])
+    cfg.algorithm.lam = 0.5  # not declared: never passed
+    z = np.zeros((2, 3), np.int32)
+    batch = RLBatch(z, z + 1, z + 3, z + 1, np.arange(2, dtype=np.int32))
+    batch.token_level_rewards = np.ones((2, 3), np.float32)
+    batch.values = np.full((2, 3), 0.5, np.float32)
+    batch.reward_baselines = np.zeros(2, np.float32)
+    fake = type("T", (), {"c": type("C", (), {"cfg": cfg})})()
+    adv, ret = Trainer._advantages(fake, batch)
+    assert set(seen) == {"gamma", "values"} and seen["gamma"] == 0.25
+    assert seen["values"] is batch.values
+    np.testing.assert_array_equal(adv, 2.0)
+    np.testing.assert_array_equal(ret, 1.5)
 
 
 def tiny_run_overrides(tmp_path, extra=()):

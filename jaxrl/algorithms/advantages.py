@@ -1,4 +1,4 @@
-"""Advantage estimators and their registry (names follow verl's ``adv_estimator``).
+"""Advantage estimators (names follow verl's ``adv_estimator``).
 
 Every estimator has the signature::
 
@@ -6,66 +6,48 @@ Every estimator has the signature::
         -> (advantages [B, R], returns [B, R])
 
 ``group_ids[i]`` is the prompt group of row ``i`` (the responses sampled for the same prompt share
-an id; verl's ``index``/``uid``), an integer in ``[0, B)``. Each estimator declares only the
-keyword options it uses, named as in verl: ``norm_adv_by_std_in_grpo``, ``epsilon``, ``gamma``,
-``lam``, ``f_norm`` (scalars; bools must be static under ``jax.jit``) and ``values`` [B, R],
-``reward_baselines`` [B] (arrays, traced). The trainer passes only the options a function declares.
+an id; verl's ``index``/``uid``), an integer in ``[0, B)``. Each estimator takes only the keyword
+options it uses, named as in verl: ``norm_adv_by_std_in_grpo``, ``epsilon``, ``gamma``, ``lam``,
+``f_norm`` (scalars; bools must be static under ``jax.jit``) and ``values`` [B, R],
+``reward_baselines`` [B] (arrays, traced). Which of them the trainer passes from the config is
+declared in :mod:`jaxrl.algorithms.registry` (the names, options and batch inputs of every estimator;
+``epsilon`` and ``f_norm`` keep their defaults).
 
-Registered: ``grpo``, ``gae``, ``rloo``, ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``,
-``remax``, ``grpo_passk``, ``opo``, ``gpg``. Estimators are pure and ``jax.jit``-able with static
-``B``; value checks (group-id range, group sizes, >= 2 valid tokens for whitening) run on eager
-calls only. Advantages are exactly 0 wherever ``response_mask`` is 0. Add an estimator with
-``@register_adv_estimator("name")``. ``masked_whiten``/``masked_var`` are verl's helpers.
+Estimators: ``grpo``, ``gae``, ``rloo``, ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``,
+``remax``, ``grpo_passk``, ``opo``, ``gpg``. They are pure and ``jax.jit``-able with static ``B``;
+value checks (group-id range, group sizes, >= 2 valid tokens for whitening) run on eager calls only.
+Advantages are exactly 0 wherever ``response_mask`` is 0. Add an estimator with
+``@register_adv_estimator("name", options=..., inputs=...)`` (:mod:`jaxrl.algorithms.registry`).
+The masked statistics (group mean/std, verl's ``masked_whiten``/``masked_var``) are in
+:mod:`jaxrl.algorithms.stats`.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl.algorithms.agg import masked_mean
+from jaxrl.algorithms.registry import get_adv_estimator, register_adv_estimator, registered_adv_estimators
+from jaxrl.algorithms.stats import group_mean_std, masked_var, masked_whiten
 
-AdvEstimatorFn = Callable[..., tuple[jax.Array, jax.Array]]
-
-_ADV_ESTIMATORS: dict[str, AdvEstimatorFn] = {}
-
-
-def register_adv_estimator(name: str) -> Callable[[AdvEstimatorFn], AdvEstimatorFn]:
-    """Decorator registering an advantage estimator under ``name`` (verl ``register_adv_est``).
-
-    Raises:
-      ValueError: ``name`` is already registered to a different function.
-    """
-
-    def decorator(fn: AdvEstimatorFn) -> AdvEstimatorFn:
-        if name in _ADV_ESTIMATORS and _ADV_ESTIMATORS[name] is not fn:
-            raise ValueError(f"advantage estimator {name!r} is already registered to {_ADV_ESTIMATORS[name]!r}")
-        _ADV_ESTIMATORS[name] = fn
-        return fn
-
-    return decorator
-
-
-def registered_adv_estimators() -> tuple[str, ...]:
-    """Names of the registered advantage estimators, sorted."""
-    return tuple(sorted(_ADV_ESTIMATORS))
-
-
-def get_adv_estimator(name: str) -> AdvEstimatorFn:
-    """The advantage estimator registered as ``name`` (verl ``get_adv_estimator_fn``).
-
-    Raises:
-      ValueError: unknown name; the message lists the registered names.
-    """
-    try:
-        return _ADV_ESTIMATORS[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown advantage estimator {name!r}; registered: {list(registered_adv_estimators())}"
-        ) from None
+__all__ = [
+    "compute_gae_advantage_return",
+    "compute_gpg_outcome_advantage",
+    "compute_grpo_outcome_advantage",
+    "compute_grpo_passk_outcome_advantage",
+    "compute_opo_outcome_advantage",
+    "compute_reinforce_plus_plus_baseline_outcome_advantage",
+    "compute_reinforce_plus_plus_outcome_advantage",
+    "compute_remax_outcome_advantage",
+    "compute_rloo_outcome_advantage",
+    "get_adv_estimator",
+    "group_mean_std",
+    "masked_var",
+    "masked_whiten",
+    "register_adv_estimator",
+    "registered_adv_estimators",
+]
 
 
 def _check_inputs(token_level_rewards, response_mask, group_ids):
@@ -88,34 +70,6 @@ def _check_inputs(token_level_rewards, response_mask, group_ids):
     return rewards, mask.astype(rewards.dtype), gids
 
 
-def group_mean_std(scores: jax.Array, group_ids: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Per-row mean, unbiased std and size of the row's group.
-
-    Groups of size 1 get mean 0 and std 1 (verl's convention: the single response's advantage is
-    its raw score). The std is the unbiased sample std (``ddof=1``), matching ``torch.std`` in verl.
-
-    Args:
-      scores: ``[B]`` float scores.
-      group_ids: ``[B]`` integer group ids in ``[0, B)``.
-
-    Returns:
-      ``(mean [B], std [B], count [B])``, each gathered back to the rows.
-    """
-    num = scores.shape[0]
-    ones = jnp.ones_like(scores)
-    count = jax.ops.segment_sum(ones, group_ids, num_segments=num)
-    safe_count = jnp.maximum(count, 1.0)
-    mean_g = jax.ops.segment_sum(scores, group_ids, num_segments=num) / safe_count
-    sq_dev = jnp.square(scores - mean_g[group_ids])
-    var_g = jax.ops.segment_sum(sq_dev, group_ids, num_segments=num) / jnp.maximum(count - 1.0, 1.0)
-    row_count = count[group_ids]
-    single = row_count <= 1.0
-    mean = jnp.where(single, 0.0, mean_g[group_ids])
-    std = jnp.where(single, 1.0, jnp.sqrt(var_g[group_ids]))
-    return mean, std, row_count
-
-
-@register_adv_estimator("grpo")
 def compute_grpo_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -180,77 +134,6 @@ def _check_row_array(name: str, x, batch: int, dtype) -> jax.Array:
     return arr.astype(dtype)
 
 
-def masked_var(values: jax.Array, mask: jax.Array, unbiased: bool = True) -> jax.Array:
-    """Variance of the entries of ``values`` where ``mask`` is non-zero (verl ``verl_F.masked_var``).
-
-    ``var = masked_mean((values - masked_mean(values))**2)``, times the Bessel correction
-    ``n / (n - 1)`` (``n = sum(mask)``) when ``unbiased`` (verl's default).
-
-    Source: verl ``verl.utils.torch_functional.masked_var`` (from TRL).
-
-    Args:
-      values: float array (any shape).
-      mask: 0/1 array of the same shape.
-      unbiased: apply the ``n / (n - 1)`` correction. Static.
-
-    Returns:
-      Scalar float array.
-
-    Raises:
-      ValueError: shapes differ; or, eager call with ``unbiased``, ``sum(mask)`` is 0 or 1 (as verl,
-        the unbiased variance is undefined). Under ``jax.jit`` no error can be raised: the
-        correction's denominator is clamped to >= 1, so ``n == 1`` gives 0 and ``n == 0`` gives 0.
-    """
-    values = jnp.asarray(values)
-    mask = jnp.asarray(mask)
-    if values.shape != mask.shape:
-        raise ValueError(f"values {values.shape} and mask {mask.shape} must have the same shape")
-    mask = mask.astype(values.dtype)
-    n = jnp.sum(mask)
-    if unbiased and _is_concrete(n):
-        count = float(n)
-        if count == 0:
-            raise ValueError("masked_var: the mask is all zero; at least two valid entries are needed")
-        if count == 1:
-            raise ValueError("masked_var: the mask has one valid entry; the unbiased variance needs at least two")
-    mean = masked_mean(values, mask)
-    var = masked_mean(jnp.square(values - mean), mask)
-    if unbiased:
-        var = var * n / jnp.maximum(n - 1.0, 1.0)
-    return var
-
-
-def masked_whiten(values: jax.Array, mask: jax.Array, shift_mean: bool = True) -> jax.Array:
-    """Standardise ``values`` with the mean and unbiased variance of its masked entries (verl semantics).
-
-    ``whitened = (values - mean) * rsqrt(var + 1e-8)`` with ``mean = masked_mean(values, mask)`` and
-    ``var = masked_var(values, mask, unbiased=True)``; with ``shift_mean=False`` the mean is added
-    back (``whitened + mean``: rescaled, not centred). Statistics are over the whole array (batch
-    and time together). Every entry is transformed, masked ones included (as verl); mask the
-    result yourself where that matters.
-
-    Source: verl ``verl.utils.torch_functional.masked_whiten`` (from TRL).
-
-    Args:
-      values: float array (any shape), e.g. ``[B, R]`` advantages.
-      mask: 0/1 array of the same shape.
-      shift_mean: keep the result centred (True) or add the mean back (False). Static.
-
-    Returns:
-      Array like ``values``.
-
-    Raises:
-      ValueError: as ``masked_var`` (shape mismatch; eager call with fewer than 2 valid entries).
-    """
-    values = jnp.asarray(values)
-    mean = masked_mean(values, jnp.asarray(mask).astype(values.dtype))
-    var = masked_var(values, mask, unbiased=True)
-    whitened = (values - mean) * jax.lax.rsqrt(var + 1e-8)
-    if not shift_mean:
-        whitened = whitened + mean
-    return whitened
-
-
 def _mask_out(x: jax.Array, mask: jax.Array) -> jax.Array:
     """``x`` where ``mask`` is non-zero, exactly 0 elsewhere (even where ``x`` is inf/NaN)."""
     return jnp.where(mask != 0, x * mask, jnp.zeros_like(x))
@@ -259,7 +142,6 @@ def _mask_out(x: jax.Array, mask: jax.Array) -> jax.Array:
 # ----------------------------------------------------------------------------- critic-based: GAE
 
 
-@register_adv_estimator("gae")
 def compute_gae_advantage_return(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -336,7 +218,6 @@ def compute_gae_advantage_return(
 # ----------------------------------------------------------------------------- critic-free, outcome / token rewards
 
 
-@register_adv_estimator("rloo")
 def compute_rloo_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -386,7 +267,6 @@ def _reverse_discounted_returns(rewards: jax.Array, mask: jax.Array, gamma) -> j
     return ret_t.T
 
 
-@register_adv_estimator("reinforce_plus_plus")
 def compute_reinforce_plus_plus_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -425,7 +305,6 @@ def compute_reinforce_plus_plus_outcome_advantage(
     return advantages, returns
 
 
-@register_adv_estimator("reinforce_plus_plus_baseline")
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -460,7 +339,6 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     return advantages, advantages
 
 
-@register_adv_estimator("remax")
 def compute_remax_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -500,7 +378,6 @@ def compute_remax_outcome_advantage(
     return advantages, returns
 
 
-@register_adv_estimator("grpo_passk")
 def compute_grpo_passk_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -556,7 +433,6 @@ def compute_grpo_passk_outcome_advantage(
     return advantages, advantages
 
 
-@register_adv_estimator("opo")
 def compute_opo_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -595,7 +471,6 @@ def compute_opo_outcome_advantage(
     return advantages, advantages
 
 
-@register_adv_estimator("gpg")
 def compute_gpg_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,

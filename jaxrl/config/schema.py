@@ -19,11 +19,14 @@ from typing import Any, Optional
 
 from omegaconf import II
 
+from jaxrl.algorithms import registry
+
 # ---------------------------------------------------------------------------------------------
 # Valid choices (kept here, beside the fields, so the loader and the docs read one list).
-# The KL, loss-aggregation, advantage-estimator and policy-loss lists equal the registries in
-# jaxrl.algorithms (KL_PENALTIES [+ straight-through + "full"], LOSS_AGG_MODES,
-# registered_adv_estimators(), registered_policy_losses(); a test checks it); they are repeated so
+# The advantage-estimator and policy-loss names come from jaxrl.algorithms.registry (no jax import);
+# these are the built-in ones: the loader checks a config against the registry itself, which also holds
+# what algorithm.external_lib registered. The KL and loss-aggregation lists equal jaxrl.algorithms'
+# KL_PENALTIES [+ straight-through + "full"] and LOSS_AGG_MODES (a test checks it); they are repeated so
 # loading a config never imports jax.
 # ---------------------------------------------------------------------------------------------
 TRUNCATION_CHOICES: tuple[str, ...] = ("error", "left", "right")
@@ -39,20 +42,11 @@ LOSS_AGG_MODE_CHOICES: tuple[str, ...] = (
     "seq-mean-token-sum",
     "seq-mean-token-sum-norm",
 )
-POLICY_LOSS_MODE_CHOICES: tuple[str, ...] = ("vanilla", "gspo", "cispo", "clip_cov", "kl_cov", "gpg")
+POLICY_LOSS_MODE_CHOICES: tuple[str, ...] = registry.BUILTIN_POLICY_LOSSES  # + user-registered ones
 ROLLOUT_NAME_CHOICES: tuple[str, ...] = ("jax", "vllm", "jetstream")
-ADV_ESTIMATOR_CHOICES: tuple[str, ...] = (
-    "gae",
-    "grpo",
-    "rloo",
-    "reinforce_plus_plus",
-    "reinforce_plus_plus_baseline",
-    "remax",
-    "grpo_passk",
-    "opo",
-    "gpg",
-)
-CRITIC_ADV_ESTIMATORS: tuple[str, ...] = ("gae",)  # estimators that need critic values (build the critic)
+ADV_ESTIMATOR_CHOICES: tuple[str, ...] = registry.BUILTIN_ADV_ESTIMATORS  # + user-registered ones
+# built-in estimators that read the critic's values (the run builds a critic); registry.needs_critic(name) in general
+CRITIC_ADV_ESTIMATORS: tuple[str, ...] = tuple(n for n in ADV_ESTIMATOR_CHOICES if registry.needs_critic(n))
 FILTER_GROUPS_METRIC_CHOICES: tuple[str, ...] = ("acc", "score", "seq_reward", "seq_final_reward")
 KL_CTRL_TYPE_CHOICES: tuple[str, ...] = ("fixed", "adaptive")
 LOGGER_CHOICES: tuple[str, ...] = ("console", "jsonl", "tensorboard", "wandb")
@@ -120,7 +114,10 @@ class OptimConfig:
 class PolicyLossConfig:
     """``actor_rollout_ref.actor.policy_loss.*``."""
 
-    loss_mode: str = "vanilla"  # vanilla (PPO clip, dual clip) | gspo | cispo | clip_cov | kl_cov | gpg
+    # vanilla (PPO clip, dual clip) | gspo | cispo | clip_cov | kl_cov | gpg | one algorithm.external_lib registers.
+    # The keys below are options of particular losses (jaxrl.algorithms.registry): setting one the chosen loss does
+    # not take to a value other than its default is a config error.
+    loss_mode: str = "vanilla"
     clip_cov_ratio: float = 0.0002  # clip_cov: fraction of valid tokens whose gradient is cut, in (0, 1]
     clip_cov_lb: float = 1.0  # clip_cov: lower bound of the covariance band of candidate tokens
     clip_cov_ub: float = 5.0  # clip_cov: upper bound of that band (> clip_cov_lb)
@@ -241,7 +238,9 @@ class AlgorithmConfig:
     """``algorithm.*``: advantage estimation, KL-in-reward and DAPO group filtering."""
 
     # gae (PPO: needs the critic) | grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | remax |
-    # grpo_passk | opo | gpg. verl defaults to gae; jaxrl keeps grpo so critic-free runs need no critic section.
+    # grpo_passk | opo | gpg | one external_lib registers. verl defaults to gae; jaxrl keeps grpo so critic-free
+    # runs need no critic section. norm_adv_by_std_in_grpo, gamma and lam are options of particular estimators
+    # (jaxrl.algorithms.registry): setting one the chosen estimator does not take (to a non-default value) is an error.
     adv_estimator: str = "grpo"
     norm_adv_by_std_in_grpo: bool = True  # divide group-centred scores by the group std (False = Dr. GRPO)
     use_kl_in_reward: bool = False  # subtract kl_ctrl.kl_coef * KL(pi || ref) from token rewards
@@ -250,6 +249,10 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"  # KL estimator for the in-reward penalty: kl/k1, abs, mse/k2, low_var_kl/k3
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)  # KL controller section
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)  # DAPO dynamic sampling section
+    # jaxrl (verl's model.external_lib, for algorithms): module name(s) or .py file(s) imported when the config
+    # loads, so the estimators / policy losses they register (@register_adv_estimator / @register_policy_loss from
+    # jaxrl.algorithms.registry) are valid adv_estimator / policy_loss.loss_mode choices; str or list, null = none
+    external_lib: Any = None
 
 
 # ----------------------------------------------------------------------------------- critic

@@ -102,10 +102,10 @@ def test_grpo_rejects_bad_group_ids_and_shapes():
 
 
 def test_registry(monkeypatch):
-    from jaxrl.algorithms import advantages
+    from jaxrl.algorithms import registry
 
     # register into a copy, so the global registry (the config's choice list) is untouched afterwards
-    monkeypatch.setattr(advantages, "_ADV_ESTIMATORS", dict(advantages._ADV_ESTIMATORS))
+    monkeypatch.setattr(registry.ADV_ESTIMATORS, "_entries", dict(registry.ADV_ESTIMATORS._entries))
     assert get_adv_estimator("grpo") is compute_grpo_outcome_advantage
     assert "grpo" in registered_adv_estimators()
     with pytest.raises(ValueError, match=r"unknown advantage estimator 'nope'.*'grpo'"):

@@ -336,6 +336,7 @@ def test_policy_loss_and_tis_defaults_follow_verl():
     assert a.tis_imp_ratio_cap == -1
     cfg = load_config(None, ["actor_rollout_ref.actor.tis_imp_ratio_cap=2.0",
                              "actor_rollout_ref.actor.kl_loss_type=k3+",
+                             "actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov",
                              "actor_rollout_ref.actor.policy_loss.clip_cov_ub=7.5"])
     assert cfg.actor_rollout_ref.actor.tis_imp_ratio_cap == 2.0
     assert cfg.actor_rollout_ref.actor.kl_loss_type == "k3+"

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from types import SimpleNamespace
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,47 +11,24 @@ import pytest
 from flax import nnx
 
 from jaxrl.batch import RLBatch
-from jaxrl.models.config import ModelConfig
 from jaxrl.models.decoder import Decoder
 from jaxrl.workers.actor import ActorWorker, LogProbComputer
+from tests.helpers import actor_setup, tiny_batch, tiny_model_config
 
-CFG = ModelConfig(
-    model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-5, rope_theta=10000.0,
-    rope_scaling=None, max_position_embeddings=128, tie_word_embeddings=False, attention_bias=False,
-    qk_norm=False, bos_token_id=1, eos_token_id=(2,), pad_token_id=0,
-)
+CFG = tiny_model_config("llama")
 P, R = 6, 5
 
 
-def actor_cfg(**kw):
-    base = dict(
-        ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2, ppo_epochs=1, shuffle=False, grad_clip=1.0,
-        clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, loss_agg_mode="token-mean", entropy_coeff=0.01,
-        use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="low_var_kl", tis_imp_ratio_cap=-1.0,
-        policy_loss=SimpleNamespace(loss_mode="vanilla"),
-        optim=SimpleNamespace(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, lr_warmup_steps=-1,
-                              lr_warmup_steps_ratio=0.0, lr_scheduler_type="constant", min_lr_ratio=0.0),
-    )
-    base.update(kw)
-    return SimpleNamespace(**base)
-
-
 def make_batch(n=8, seed=0) -> RLBatch:
-    rng = np.random.default_rng(seed)
-    prompt_len = rng.integers(2, P + 1, size=n)
-    resp_len = rng.integers(1, R + 1, size=n)
-    prompt_mask = (np.arange(P)[None] >= (P - prompt_len)[:, None]).astype(np.int32)
-    response_mask = (np.arange(R)[None] < resp_len[:, None]).astype(np.int32)
-    batch = RLBatch(
-        prompt_ids=(rng.integers(3, CFG.vocab_size, (n, P)) * prompt_mask).astype(np.int32),
-        prompt_mask=prompt_mask,
-        response_ids=(rng.integers(3, CFG.vocab_size, (n, R)) * response_mask).astype(np.int32),
-        response_mask=response_mask,
-        group_ids=np.repeat(np.arange(n // 2), 2).astype(np.int32),
-    )
-    batch.advantages = (rng.normal(size=(n, R)) * response_mask).astype(np.float32)
+    batch, rng = tiny_batch(n, seed, prompt_width=P, response_width=R, vocab_size=CFG.vocab_size)
+    batch.advantages = (rng.normal(size=(n, R)) * batch.response_mask).astype(np.float32)
     return batch
+
+
+def make_actor(graphdef, params, *, rows, log_prob_micro=None, **actor_overrides) -> ActorWorker:
+    """An actor on ``rows`` responses per step (rollout.n = 1), its config from the schema dataclasses."""
+    cfg, plan = actor_setup(rows=rows, log_prob_micro=log_prob_micro, **actor_overrides)
+    return ActorWorker(graphdef, params, cfg, plan=plan, temperature=1.0, total_training_steps=1)
 
 
 @pytest.fixture(scope="module")
@@ -96,9 +71,8 @@ def test_micro_batch_accumulation_equals_full_mini_batch(split_model, mode):
     batch.ref_log_probs = (lp + rng.normal(scale=0.3, size=lp.shape) * batch.response_mask).astype(np.float32)
     grads = {}
     for micro in (8, 2):
-        actor = ActorWorker(graphdef, params, actor_cfg(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=micro,
-                                                         loss_agg_mode=mode),
-                            rollout_n=1, temperature=1.0, log_prob_micro_batch_size=8, total_training_steps=1)
+        actor = make_actor(graphdef, params, rows=8, log_prob_micro=8, ppo_mini_batch_size=8,
+                           ppo_micro_batch_size_per_gpu=micro, loss_agg_mode=mode)
         stacked, nt, ns = actor.stack_micro(actor.minibatch_arrays(batch), np.arange(8), 8, micro)
         g, metrics = jax.jit(actor.accumulate_grads, static_argnames="prompt_width")(
             params, stacked, nt, ns, prompt_width=P)
@@ -122,9 +96,8 @@ def test_update_raises_log_prob_of_positively_advantaged_responses(split_model):
     batch.old_log_probs = before
     batch.ref_log_probs = before
     batch.advantages = np.where(np.arange(4)[:, None] % 2 == 0, 1.0, -1.0).astype(np.float32) * batch.response_mask
-    actor = ActorWorker(graphdef, params, actor_cfg(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2,
-                                                     entropy_coeff=0.0, use_kl_loss=False),
-                        rollout_n=1, temperature=1.0, log_prob_micro_batch_size=4, total_training_steps=1)
+    actor = make_actor(graphdef, params, rows=4, log_prob_micro=4, ppo_mini_batch_size=4,
+                       ppo_micro_batch_size_per_gpu=2, entropy_coeff=0.0, use_kl_loss=False)
     metrics = actor.update(batch)
     after, _ = comp(actor.params, batch)
     delta = ((after - before) * batch.response_mask).sum(-1)
@@ -146,11 +119,10 @@ def test_skipping_the_old_pass_gives_the_same_on_policy_update(split_model):
     batch.advantages = np.where(np.arange(4)[:, None] % 2 == 0, 1.0, -1.0).astype(np.float32) * batch.response_mask
     results = {}
     for recompute in (True, False):
-        cfg = actor_cfg(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, use_kl_loss=False,
-                        recompute_old_log_prob=recompute)
         b = dataclasses.replace(batch, old_log_probs=old if recompute else None)
-        actor = ActorWorker(graphdef, jax.tree.map(lambda x: x.copy(), params), cfg, rollout_n=1, temperature=1.0,
-                            log_prob_micro_batch_size=4, total_training_steps=1)
+        actor = make_actor(graphdef, jax.tree.map(lambda x: x.copy(), params), rows=4, log_prob_micro=4,
+                           ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, use_kl_loss=False,
+                           recompute_old_log_prob=recompute)
         results[recompute] = (actor.update(b), actor.params)
     (m_re, p_re), (m_skip, p_skip) = results[True], results[False]
     for k in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
@@ -158,9 +130,8 @@ def test_skipping_the_old_pass_gives_the_same_on_policy_update(split_model):
     assert m_skip["actor/pg_clipfrac"] == 0.0  # ratio exactly 1
     for a, b in zip(jax.tree.leaves(p_re), jax.tree.leaves(p_skip)):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
-    two_updates = ActorWorker(graphdef, params, actor_cfg(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2,
-                                                          recompute_old_log_prob=False, use_kl_loss=False),
-                              rollout_n=1, temperature=1.0, log_prob_micro_batch_size=4, total_training_steps=1)
+    two_updates = make_actor(graphdef, params, rows=4, log_prob_micro=4, ppo_mini_batch_size=2,
+                             ppo_micro_batch_size_per_gpu=2, recompute_old_log_prob=False, use_kl_loss=False)
     with pytest.raises(ValueError, match="recompute_old_log_prob=False needs one on-policy update per step"):
         two_updates.update(dataclasses.replace(batch, old_log_probs=None))
 
@@ -171,8 +142,7 @@ def test_nonfinite_gradient_skips_update(split_model):
     batch = make_batch(n=2, seed=4)
     batch.old_log_probs = np.zeros(batch.response_ids.shape, np.float32)
     batch.advantages = np.full(batch.response_ids.shape, np.nan, np.float32)
-    actor = ActorWorker(graphdef, params, actor_cfg(use_kl_loss=False), rollout_n=1, temperature=1.0,
-                        log_prob_micro_batch_size=2, total_training_steps=1)
+    actor = make_actor(graphdef, params, rows=2, log_prob_micro=2, use_kl_loss=False)
     before = jax.tree.map(np.asarray, actor.params)
     metrics = actor.update(batch)
     assert metrics["actor/nonfinite_grad"] == 1

@@ -4,7 +4,6 @@ learning toward fixed returns, value clipping, skipped non-finite updates, and b
 from __future__ import annotations
 
 import dataclasses
-from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -13,46 +12,20 @@ import pytest
 from flax import nnx
 
 from jaxrl.batch import RLBatch
+from jaxrl.config.batch_plan import BatchPlan
 from jaxrl.models import Pretrained
-from jaxrl.models.config import ModelConfig
 from jaxrl.models.decoder import Decoder
 from jaxrl.models.value_model import ValueModel, build_value_model
 from jaxrl.workers.critic import CriticWorker
+from tests.helpers import critic_setup, tiny_batch, tiny_model_config, tiny_run_config
 
-CFG = ModelConfig(
-    model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-5, rope_theta=10000.0,
-    rope_scaling=None, max_position_embeddings=128, tie_word_embeddings=False, attention_bias=False,
-    qk_norm=False, bos_token_id=1, eos_token_id=(2,), pad_token_id=0,
-)
+CFG = tiny_model_config("llama")
 P, R = 6, 5
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 
 
-def critic_cfg(**kw):
-    base = dict(
-        ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2, forward_micro_batch_size_per_gpu=None, ppo_epochs=1,
-        shuffle=False, grad_clip=1.0, cliprange_value=0.5, loss_agg_mode="token-mean",
-        optim=SimpleNamespace(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, lr_warmup_steps=-1,
-                              lr_warmup_steps_ratio=0.0, lr_scheduler_type="constant", min_lr_ratio=0.0),
-    )
-    base.update(kw)
-    return SimpleNamespace(**base)
-
-
 def make_batch(n=8, seed=0) -> RLBatch:
-    rng = np.random.default_rng(seed)
-    prompt_len = rng.integers(2, P + 1, size=n)
-    resp_len = rng.integers(1, R + 1, size=n)
-    prompt_mask = (np.arange(P)[None] >= (P - prompt_len)[:, None]).astype(np.int32)
-    response_mask = (np.arange(R)[None] < resp_len[:, None]).astype(np.int32)
-    return RLBatch(
-        prompt_ids=(rng.integers(3, CFG.vocab_size, (n, P)) * prompt_mask).astype(np.int32),
-        prompt_mask=prompt_mask,
-        response_ids=(rng.integers(3, CFG.vocab_size, (n, R)) * response_mask).astype(np.int32),
-        response_mask=response_mask,
-        group_ids=np.arange(n).astype(np.int32),
-    )
+    return tiny_batch(n, seed, prompt_width=P, response_width=R, vocab_size=CFG.vocab_size, group_size=1)[0]
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +37,10 @@ def fresh(params):
     return jax.tree.map(lambda x: x.copy(), params)
 
 
-def worker(graphdef, params, **kw) -> CriticWorker:
-    return CriticWorker(graphdef, fresh(params), critic_cfg(**kw), rollout_n=1, total_training_steps=1)
+def worker(graphdef, params, rows=8, **kw) -> CriticWorker:
+    """A critic on ``rows`` responses per step (rollout.n = 1), its config from the schema dataclasses."""
+    cfg, plan = critic_setup(rows=rows, **kw)
+    return CriticWorker(graphdef, fresh(params), cfg, plan=plan, total_training_steps=1)
 
 
 def reference_values(graphdef, params, batch):
@@ -92,9 +67,8 @@ def test_values_match_reference_and_ignore_chunking(split_model):
     ref = reference_values(graphdef, params, batch)
     assert np.abs(ref[batch.response_mask == 1]).std() > 1e-2  # values differ across tokens
     for mb in (1, 3, 7):
-        critic = CriticWorker(graphdef, params, critic_cfg(forward_micro_batch_size_per_gpu=mb, ppo_mini_batch_size=7,
-                                                           ppo_micro_batch_size_per_gpu=7),
-                              rollout_n=1, total_training_steps=1)
+        critic = worker(graphdef, params, rows=7, forward_micro_batch_size_per_gpu=mb, ppo_mini_batch_size=7,
+                        ppo_micro_batch_size_per_gpu=7)
         values = critic.compute_values(batch)
         assert values.dtype == np.float32 and values.shape == (7, R)
         np.testing.assert_allclose(values, ref, atol=1e-5)
@@ -163,7 +137,8 @@ def test_updates_reduce_value_loss_toward_fixed_returns(split_model):
 def test_value_clipping(split_model, cliprange, clipfrac, loss):
     graphdef, params = split_model
     batch = make_batch(n=4, seed=4)
-    critic = worker(graphdef, params, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, cliprange_value=cliprange)
+    critic = worker(graphdef, params, rows=4, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4,
+                    cliprange_value=cliprange)
     v = critic.compute_values(batch)
     mask = batch.response_mask
     # Old values 1 below the current prediction, returns 1 above: a small clip range pins the clipped
@@ -180,7 +155,7 @@ def test_nonfinite_gradient_skips_update(split_model):
     batch = make_batch(n=2, seed=5)
     batch.values = np.zeros(batch.response_ids.shape, np.float32)
     batch.returns = np.full(batch.response_ids.shape, np.nan, np.float32)
-    critic = worker(graphdef, params)
+    critic = worker(graphdef, params, rows=2)
     before = jax.tree.map(np.asarray, critic.params)
     metrics = critic.update(batch)
     assert metrics["critic/nonfinite_grad"] == 1
@@ -194,11 +169,17 @@ def test_update_requires_values_and_returns(split_model):
     batch.returns = np.zeros(batch.response_ids.shape, np.float32)
     with pytest.raises(ValueError, match="batch.values"):
         worker(graphdef, params).update(batch)
-    with pytest.raises(ValueError, match="divisible"):
-        CriticWorker(graphdef, params, critic_cfg(ppo_mini_batch_size=3, ppo_micro_batch_size_per_gpu=2),
-                     rollout_n=1, total_training_steps=1)
-    with pytest.raises(ValueError, match="ppo_mini_batch_size=None"):
-        CriticWorker(graphdef, params, critic_cfg(ppo_mini_batch_size=None), rollout_n=1, total_training_steps=1)
+    with pytest.raises(ValueError, match=r"critic.ppo_mini_batch_size\*rollout.n = 3 must be divisible by "
+                                         r"critic.ppo_micro_batch_size_per_gpu = 2"):
+        worker(graphdef, params, ppo_mini_batch_size=3, ppo_micro_batch_size_per_gpu=2)
+    # unset sizes follow the actor's (as the loader fills them); an unset micro-batch is the whole mini-batch
+    cfg = tiny_run_config(rows=8, critic=dataclasses.replace(
+        critic_setup(rows=8)[0], ppo_mini_batch_size=None, ppo_epochs=None, ppo_micro_batch_size_per_gpu=None))
+    cfg.actor_rollout_ref.actor.ppo_mini_batch_size, cfg.actor_rollout_ref.actor.ppo_epochs = 4, 3
+    plan = BatchPlan.from_config(cfg).critic
+    assert (plan.mini_batch_rows, plan.micro_batch_rows, plan.forward_rows, plan.ppo_epochs) == (4, 4, 4, 3)
+    critic = CriticWorker(graphdef, fresh(params), cfg.critic, plan=plan, total_training_steps=1)
+    assert critic.updates_per_step == 3 * 2
 
 
 # ------------------------------------------------------------------------------------ value model

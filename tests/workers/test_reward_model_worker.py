@@ -15,12 +15,9 @@ from jaxrl.models.decoder import Decoder
 from jaxrl.models.reward_model import RewardModel
 from jaxrl.workers.reward_model import RewardModelWorker, check_same_tokenizer, retokenize_for_reward_model
 from sharding import make_mesh
+from tests.helpers import tiny_batch, tiny_model_config
 
-CFG = ModelConfig(
-    model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-5, rope_theta=10000.0,
-    tie_word_embeddings=False, attention_bias=True, bos_token_id=1, eos_token_id=(2,), pad_token_id=2,
-)
+CFG = tiny_model_config("qwen2", pad_token_id=2, max_position_embeddings=2048)
 P, R = 6, 5
 
 
@@ -36,18 +33,7 @@ def tiny_rm(cfg: ModelConfig = CFG, num_labels: int = 1, seed: int = 0) -> Rewar
 
 
 def make_batch(n=8, seed=0) -> RLBatch:
-    rng = np.random.default_rng(seed)
-    prompt_len = rng.integers(2, P + 1, size=n)
-    resp_len = rng.integers(1, R + 1, size=n)
-    prompt_mask = (np.arange(P)[None] >= (P - prompt_len)[:, None]).astype(np.int32)
-    response_mask = (np.arange(R)[None] < resp_len[:, None]).astype(np.int32)
-    return RLBatch(
-        prompt_ids=(rng.integers(3, CFG.vocab_size, (n, P)) * prompt_mask).astype(np.int32),
-        prompt_mask=prompt_mask,
-        response_ids=(rng.integers(3, CFG.vocab_size, (n, R)) * response_mask).astype(np.int32),
-        response_mask=response_mask,
-        group_ids=np.arange(n).astype(np.int32),
-    )
+    return tiny_batch(n, seed, prompt_width=P, response_width=R, vocab_size=CFG.vocab_size, group_size=1)[0]
 
 
 @pytest.fixture(scope="module")

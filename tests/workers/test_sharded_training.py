@@ -15,7 +15,6 @@ from jax.sharding import PartitionSpec
 
 from jaxrl.batch import RLBatch
 from jaxrl.config import ConfigError, load_config
-from jaxrl.models.config import ModelConfig
 from jaxrl.models.decoder import Decoder
 from jaxrl.models.value_model import ValueModel
 from jaxrl.rollout.base import SamplingParams
@@ -26,13 +25,9 @@ from jaxrl.workers.critic import CriticWorker
 from jaxrl.workers.placement import build_translator, make_placement, placement_from_config
 from jaxrl.workers.rollout import MeshJaxSampler
 from sharding import DEFAULT_RULES, make_mesh
+from tests.helpers import actor_setup, critic_setup, tiny_batch, tiny_model_config, tiny_optim
 
-CFG = ModelConfig(
-    model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-5, rope_theta=10000.0,
-    rope_scaling=None, max_position_embeddings=128, tie_word_embeddings=False, attention_bias=False,
-    qk_norm=False, bos_token_id=1, eos_token_id=(2,), pad_token_id=0,
-)
+CFG = tiny_model_config("llama")
 P, R = 6, 5
 N = 16  # rows per RL batch: 2 mini-batches of 8 rows, each 2 micro-batches of 4 rows (= data 2 x fsdp 2)
 SIZES = {"data": 2, "fsdp": 2, "tensor": 2}
@@ -40,8 +35,7 @@ PROMPTS = [[1, 5, 9, 33], [1, 40, 41, 42, 43, 44, 45], [1, 17], [1, 60, 3, 8, 22
 # Gradients of two layouts differ by fp32 summation-order noise; Adam divides each gradient by its own magnitude,
 # which amplifies that noise for gradients near eps. eps=1e-3 keeps it below the tolerance while every parameter
 # still moves by ~lr (see tests/sharding/test_sharded_step.py).
-OPTIM = SimpleNamespace(lr=1e-3, betas=(0.9, 0.999), eps=1e-3, weight_decay=0.1, lr_warmup_steps=-1,
-                        lr_warmup_steps_ratio=0.0, lr_scheduler_type="constant", min_lr_ratio=0.0)
+OPTIM = tiny_optim(lr=1e-3, eps=1e-3, weight_decay=0.1)
 
 
 def test_eight_devices():
@@ -71,18 +65,8 @@ def copy(params):
 
 
 def make_batch(seed=0) -> RLBatch:
-    rng = np.random.default_rng(seed)
-    prompt_len = rng.integers(2, P + 1, size=N)
-    resp_len = rng.integers(1, R + 1, size=N)
-    prompt_mask = (np.arange(P)[None] >= (P - prompt_len)[:, None]).astype(np.int32)
-    response_mask = (np.arange(R)[None] < resp_len[:, None]).astype(np.int32)
-    batch = RLBatch(
-        prompt_ids=(rng.integers(3, CFG.vocab_size, (N, P)) * prompt_mask).astype(np.int32),
-        prompt_mask=prompt_mask,
-        response_ids=(rng.integers(3, CFG.vocab_size, (N, R)) * response_mask).astype(np.int32),
-        response_mask=response_mask,
-        group_ids=np.repeat(np.arange(N // 2), 2).astype(np.int32),
-    )
+    batch, rng = tiny_batch(N, seed, prompt_width=P, response_width=R, vocab_size=CFG.vocab_size)
+    response_mask = batch.response_mask
     batch.advantages = (rng.normal(size=(N, R)) * response_mask).astype(np.float32)
     batch.old_log_probs = (-rng.uniform(0.5, 4.0, size=(N, R)) * response_mask).astype(np.float32)
     batch.ref_log_probs = batch.old_log_probs  # unused by kl_loss_type="full" but required by update()
@@ -91,19 +75,12 @@ def make_batch(seed=0) -> RLBatch:
     return batch
 
 
-def actor_cfg():
-    """Exact ("full") KL: the reference's params enter the sharded update too."""
-    return SimpleNamespace(
-        ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, ppo_epochs=1, shuffle=False, grad_clip=1.0,
-        clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, loss_agg_mode="token-mean", entropy_coeff=0.01,
-        use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="full", tis_imp_ratio_cap=-1.0,
-        policy_loss=SimpleNamespace(loss_mode="vanilla"), optim=OPTIM,
-    )
-
-
 def make_actor(graphdef, params, mesh=None):
-    return ActorWorker(graphdef, copy(params), actor_cfg(), rollout_n=2, temperature=0.9, log_prob_micro_batch_size=8,
-                       total_training_steps=1, ref_params=copy(params), mesh=mesh, rules=DEFAULT_RULES)
+    """Exact ("full") KL: the reference's params enter the sharded update too. Mini-batches of 4 prompts x n=2."""
+    cfg, plan = actor_setup(rows=N, rollout_n=2, log_prob_micro=8, ppo_mini_batch_size=4,
+                            ppo_micro_batch_size_per_gpu=4, kl_loss_type="full", optim=OPTIM)
+    return ActorWorker(graphdef, copy(params), cfg, plan=plan, temperature=0.9, total_training_steps=1,
+                       ref_params=copy(params), mesh=mesh, rules=DEFAULT_RULES)
 
 
 def value_of(var):
@@ -162,12 +139,11 @@ def test_sharded_actor_state_carries_the_rule_shardings(actors):
 def test_sharded_critic_update_equals_single_device():
     graphdef, state = nnx.split(ValueModel(CFG, rngs=nnx.Rngs(1)))
     params = peaked(state, 5)
-    cfg = SimpleNamespace(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, forward_micro_batch_size_per_gpu=8,
-                          ppo_epochs=1, shuffle=False, grad_clip=1.0, cliprange_value=0.5, loss_agg_mode="token-mean",
-                          optim=OPTIM)
+    cfg, plan = critic_setup(rows=N, rollout_n=2, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4,
+                             forward_micro_batch_size_per_gpu=8, optim=OPTIM)
     batch = make_batch(seed=1)
-    single = CriticWorker(graphdef, copy(params), cfg, rollout_n=2, total_training_steps=1)
-    sharded = CriticWorker(graphdef, copy(params), cfg, rollout_n=2, total_training_steps=1, mesh=make_mesh(**SIZES))
+    single = CriticWorker(graphdef, copy(params), cfg, plan=plan, total_training_steps=1)
+    sharded = CriticWorker(graphdef, copy(params), cfg, plan=plan, total_training_steps=1, mesh=make_mesh(**SIZES))
     np.testing.assert_allclose(sharded.compute_values(batch), single.compute_values(batch), rtol=1e-5, atol=1e-6)
     m1, m8 = single.update(batch), sharded.update(batch)
     for k in ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm"):

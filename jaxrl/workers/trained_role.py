@@ -1,0 +1,225 @@
+"""What every trained role (the actor, the critic) shares: placement, optimizer, the update loop, metrics, state.
+
+A trained role holds its model functionally (``graphdef`` + ``params`` from ``nnx.split``) and learns with verl's
+PPO update scheme (``DataParallelPPOActor.update_policy`` / ``DataParallelPPOCritic.update_critic``): for each of
+``ppo_epochs`` epochs the step's rows are (optionally) shuffled and cut into mini-batches of
+``ppo_mini_batch_size x rollout.n`` rows; each mini-batch is one optimizer update, its gradient accumulated over
+micro-batches inside one ``jax.jit`` (``lax.scan``, :func:`~jaxrl.workers.microbatch.scan_accumulate`) with the
+loss normalised by the whole mini-batch's token / sequence counts, so accumulation gives exactly the full
+mini-batch gradient. The sizes come from the role's :class:`~jaxrl.config.batch_plan.RolePlan`.
+
+:class:`TrainedRole` holds that scaffolding; a subclass supplies only its loss (:meth:`TrainedRole._micro_loss`),
+the per-row arrays the loss reads (:meth:`TrainedRole.minibatch_arrays`) and its forward pass.
+
+On a device mesh (``mesh=...``, see :mod:`jaxrl.workers.placement`) params and optimizer state are sharded by the
+logical-axis rules and the update is one jit with explicit in/out shardings (params and optimizer state by the
+rules, the stacked ``[num_micro, micro_rows, ...]`` mini-batch with rows over the ``"batch"`` rule's axes,
+scalars and metrics replicated). Without a mesh the programs are the single-device ones.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jaxrl.config.batch_plan import RolePlan
+from jaxrl.workers.microbatch import check_row_shards, guarded_update, scan_accumulate, stack_micro
+from jaxrl.workers.optim import make_optimizer
+from jaxrl.workers.placement import activation_sharding, batch_shards, jit_sharded, rows_sharding, shard_tree
+from sharding import DEFAULT_RULES
+
+
+class TrainedRole:
+    """Base of the actor and the critic.
+
+    Args:
+      graphdef, params: ``nnx.split`` of the role's model.
+      plan: the role's batch sizes (rows per mini-batch / micro-batch / forward call, epochs, rows per step).
+      optim: the role's ``optim`` config section (AdamW and its schedule, :func:`~jaxrl.workers.optim.make_optimizer`).
+      grad_clip: max global gradient norm (``<= 0``: no clipping).
+      shuffle: shuffle the rows before cutting mini-batches (every epoch, from ``seed``).
+      total_training_steps: RL steps in the run (the learning-rate schedule's horizon).
+      seed: the shuffling RNG's seed.
+      mesh: the train mesh, or None (one device).
+      rules: logical-axis rules on ``mesh`` (default :data:`sharding.rules.DEFAULT_RULES`).
+
+    Attributes:
+      name: the metric prefix (``"actor"``, ``"critic"``).
+      params, opt_state: the trained state (``opt_state`` is None until :meth:`init_optimizer`).
+      num_updates: optimizer updates applied so far (the schedule's count).
+      rng: ``numpy.random.Generator`` of the mini-batch shuffling.
+
+    Raises:
+      ValueError: sizes that do not fit (:meth:`RolePlan.check`); on a mesh, a micro-batch or forward micro-batch
+        that is not a multiple of the batch shards (``data x fsdp``).
+    """
+
+    name = "role"
+
+    def __init__(self, graphdef, params, *, plan: RolePlan, optim, grad_clip: float, shuffle: bool,
+                 total_training_steps: int, seed: int = 0, mesh=None, rules=None):
+        plan.check()
+        self.graphdef = graphdef
+        self.params = params
+        self.plan = plan
+        self.mesh = mesh
+        self.rules = DEFAULT_RULES if rules is None else rules
+        self.activation_sharding = activation_sharding(mesh, self.rules)
+        self.param_shardings = None  # mesh only: the params' NamedShardings (also the jit in/out shardings)
+        self.opt_shardings = None
+        if mesh is not None:
+            shards = batch_shards(mesh, self.rules)
+            check_row_shards(plan.micro_batch_rows, shards, plan.micro_key)
+            check_row_shards(plan.forward_rows, shards, plan.forward_key)
+            self.params, self.param_shardings = shard_tree(params, mesh, self.rules)
+        self.rng = np.random.default_rng(seed)
+        self._optim = optim
+        self._grad_clip = grad_clip
+        self._shuffle = bool(shuffle)
+        self._total_training_steps = total_training_steps
+        self._tx = None
+        self.schedule = None
+        self.opt_state = None
+        self.num_updates = 0
+        self._update_fn = None  # init_optimizer builds it (on a mesh its shardings include the optimizer state's)
+
+    # -- sizes -----------------------------------------------------------------------------------------------
+
+    @property
+    def mini_batch_rows(self) -> int:
+        """Rows per optimizer update (``ppo_mini_batch_size x rollout.n``)."""
+        return self.plan.mini_batch_rows
+
+    @property
+    def micro_batch_rows(self) -> int:
+        """Rows per forward/backward of the update."""
+        return self.plan.micro_batch_rows
+
+    @property
+    def updates_per_step(self) -> int:
+        """Optimizer updates per RL step (``ppo_epochs x mini-batches``; the schedule counts RL steps with it)."""
+        return self.plan.updates_per_step
+
+    # -- optimizer -------------------------------------------------------------------------------------------
+
+    def init_optimizer(self) -> None:
+        """Build the optimizer and its state (AdamW, ``optim``'s schedule over ``updates_per_step`` updates per RL
+        step) and the jitted update; on a mesh the state is placed by the rules."""
+        self._tx, self.schedule = make_optimizer(
+            self._optim, grad_clip=self._grad_clip, total_training_steps=self._total_training_steps,
+            updates_per_step=self.updates_per_step,
+        )
+        self.opt_state = self._tx.init(self.params)
+        if self.mesh is None:
+            self._update_fn = jax.jit(self._update_minibatch, donate_argnums=(0, 1), static_argnames=("prompt_width",))
+            return
+        self.opt_state, self.opt_shardings = shard_tree(self.opt_state, self.mesh, self.rules)
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        self._update_fn = jit_sharded(
+            self._update_minibatch, donate_argnums=(0, 1), static_kwarg="prompt_width",
+            in_shardings=(self.param_shardings, self.opt_shardings, rows_sharding(self.mesh, self.rules, row_dim=1),
+                          replicated, replicated, self._extra_shardings()),
+            out_shardings=(self.param_shardings, self.opt_shardings, replicated),
+        )
+
+    # -- what a subclass provides ------------------------------------------------------------------------------
+
+    def _micro_loss(self, params, micro, num_tokens, num_seqs, prompt_width, extra):
+        """One micro-batch's share of the mini-batch loss: ``(loss, (sums, weighted, tokens))`` as
+        :func:`~jaxrl.workers.microbatch.scan_accumulate` takes it (metrics named ``<name>/...``)."""
+        raise NotImplementedError
+
+    def minibatch_arrays(self, batch) -> dict[str, np.ndarray]:
+        """The per-row arrays the loss reads, ``[N, ...]`` each; must hold ``response_mask`` (float 0/1)."""
+        raise NotImplementedError
+
+    def _update_extra(self):
+        """Frozen inputs of the loss passed to every update (a pytree of arrays, or None)."""
+        return None
+
+    def _extra_shardings(self):
+        """Shardings (tree prefix) of :meth:`_update_extra` on the mesh."""
+        return None
+
+    # -- the update ------------------------------------------------------------------------------------------
+
+    def accumulate_grads(self, params, minibatch, num_tokens, num_seqs, extra=None, *, prompt_width):
+        """Gradient of the mini-batch loss, accumulated over its micro-batches with ``lax.scan``.
+
+        Args:
+          minibatch: dict of arrays stacked ``[num_micro, micro_rows, ...]`` (:meth:`stack_micro`).
+          num_tokens, num_seqs: float32 scalars, valid tokens / sequences of the whole mini-batch (the loss
+            normalisers, so the sum over micro-batches equals the full mini-batch loss exactly).
+          extra: the loss's frozen inputs (:meth:`_update_extra`).
+          prompt_width: the batch's prompt width ``P`` (static).
+
+        Returns:
+          ``(grads, metrics)``: grads with the params' structure; summed metrics (loss terms) summed over
+          micro-batches, weighted ones (ratios) token-weighted means.
+        """
+        return scan_accumulate(
+            lambda p, micro: self._micro_loss(p, micro, num_tokens, num_seqs, prompt_width, extra), params, minibatch
+        )
+
+    def _update_minibatch(self, params, opt_state, minibatch, num_tokens, num_seqs, extra, *, prompt_width):
+        """One optimizer update from a mini-batch stacked as ``[num_micro, micro_rows, ...]`` (skipped when the
+        gradient is not finite)."""
+        grads, metrics = self.accumulate_grads(params, minibatch, num_tokens, num_seqs, extra,
+                                               prompt_width=prompt_width)
+        new_params, new_opt_state, grad_norm, finite = guarded_update(self._tx, grads, opt_state, params)
+        metrics[f"{self.name}/grad_norm"] = grad_norm
+        metrics[f"{self.name}/nonfinite_grad"] = 1.0 - finite.astype(jnp.float32)
+        return new_params, new_opt_state, metrics
+
+    stack_micro = staticmethod(stack_micro)
+
+    def run_updates(self, batch) -> dict[str, float]:
+        """``ppo_epochs`` passes of mini-batch updates over ``batch`` (rows shuffled per epoch when ``shuffle``).
+
+        Returns:
+          The updates' metrics: each averaged over the updates, ``<name>/nonfinite_grad`` summed (the count of
+          skipped updates), and ``<name>/lr`` the learning rate of the last update.
+        """
+        if self._tx is None:
+            self.init_optimizer()
+        arrays = self.minibatch_arrays(batch)
+        mini, micro = self.plan.mini_batch_rows, self.plan.micro_batch_rows
+        extra = self._update_extra()
+        history: list[dict] = []
+        for _ in range(self.plan.ppo_epochs):
+            order = self.rng.permutation(batch.size) if self._shuffle else np.arange(batch.size)
+            for start in range(0, batch.size, mini):
+                stacked, num_tokens, num_seqs = self.stack_micro(arrays, order[start : start + mini], mini, micro)
+                self.params, self.opt_state, metrics = self._update_fn(
+                    self.params, self.opt_state, stacked, num_tokens, num_seqs, extra, prompt_width=batch.prompt_width
+                )
+                history.append(metrics)
+                self.num_updates += 1
+        return self.average_metrics(history)
+
+    def average_metrics(self, history: list[dict]) -> dict[str, float]:
+        """Means over the updates of a step, the skipped-update count and the last update's learning rate."""
+        out = {k: float(np.mean([float(h[k]) for h in history])) for k in history[0]}
+        key = f"{self.name}/nonfinite_grad"
+        out[key] = float(np.sum([float(h[key]) for h in history]))
+        out[f"{self.name}/lr"] = float(self.schedule(self.num_updates - 1))
+        return out
+
+    # -- checkpoint state ----------------------------------------------------------------------------------------
+
+    def state(self) -> tuple[dict, dict]:
+        """What a checkpoint holds of this role: ``(arrays, meta)``; arrays ``{"params", "opt_state"}`` (device
+        pytrees), meta ``{"num_updates", "rng"}`` (JSON: the update count and the shuffling RNG's state)."""
+        arrays = {"params": self.params, "opt_state": self.opt_state}
+        return arrays, {"num_updates": self.num_updates, "rng": self.rng.bit_generator.state}
+
+    def load_state(self, arrays: dict, meta: dict) -> None:
+        """Restore what :meth:`state` returned (arrays already on this role's shardings). The optimizer is built
+        first if it is not yet (so a later update does not replace the restored state with a fresh one)."""
+        if self._tx is None:
+            self.init_optimizer()
+        self.params, self.opt_state = arrays["params"], arrays["opt_state"]
+        self.num_updates = int(meta["num_updates"])
+        self.rng.bit_generator.state = meta["rng"]

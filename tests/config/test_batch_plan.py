@@ -1,0 +1,130 @@
+"""The batch plan: one derivation of a run's row counts, equal to the numbers the roles used before it existed."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxrl.config import ConfigError, load_config
+from jaxrl.config.batch_plan import BatchPlan, RolePlan, micro_rows
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def _old_numbers(cfg) -> dict:
+    """The arithmetic as actor.py / critic.py / trainer.build wrote it out before the plan (verl's formulas)."""
+    a, k, r, n = cfg.actor_rollout_ref.actor, cfg.critic, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.rollout.n
+    rows = cfg.data.train_batch_size * n
+    a_mini = a.ppo_mini_batch_size * n
+    k_mini = int(k.ppo_mini_batch_size) * int(n)
+    k_micro = k_mini if k.ppo_micro_batch_size_per_gpu is None else int(k.ppo_micro_batch_size_per_gpu)
+    return {
+        "rows_per_step": rows,
+        "actor_mini": a_mini, "actor_micro": a.ppo_micro_batch_size_per_gpu,
+        "actor_updates": a.ppo_epochs * math.ceil(rows / a_mini),
+        "log_prob": r.log_prob_micro_batch_size_per_gpu,
+        "ref": cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu or r.log_prob_micro_batch_size_per_gpu,
+        "critic_mini": k_mini, "critic_micro": k_micro,
+        "critic_forward": k_micro if k.forward_micro_batch_size_per_gpu is None
+        else int(k.forward_micro_batch_size_per_gpu),
+        "critic_updates": int(k.ppo_epochs) * math.ceil(rows / k_mini),
+    }
+
+
+def _plan_numbers(plan: BatchPlan) -> dict:
+    return {
+        "rows_per_step": plan.rows_per_step,
+        "actor_mini": plan.actor.mini_batch_rows, "actor_micro": plan.actor.micro_batch_rows,
+        "actor_updates": plan.actor.updates_per_step, "log_prob": plan.actor.forward_rows,
+        "ref": plan.ref_log_prob_rows,
+        "critic_mini": plan.critic.mini_batch_rows, "critic_micro": plan.critic.micro_batch_rows,
+        "critic_forward": plan.critic.forward_rows, "critic_updates": plan.critic.updates_per_step,
+    }
+
+
+@pytest.mark.parametrize("name, overrides", [
+    ("quickstart.yaml", []),
+    ("ppo_quickstart.yaml", []),
+    ("dapo_quickstart.yaml", []),
+    ("grpo_gsm8k_qwen3_1.7b.yaml", []),
+    ("quickstart.yaml", ["actor_rollout_ref.actor.ppo_epochs=3", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "actor_rollout_ref.rollout.n=4",
+                         "critic.ppo_mini_batch_size=8", "critic.ppo_epochs=2"]),
+])
+def test_plan_equals_the_numbers_the_roles_used(name, overrides):
+    cfg = load_config(CONFIGS / name, overrides)
+    assert _plan_numbers(BatchPlan.from_config(cfg)) == _old_numbers(cfg)
+
+
+def test_verl_qwen3_recipe():
+    """verl's Qwen3-1.7B GSM8K command line: 80 prompts x n=3 = 240 responses per mini-batch, 12 micro-batches of
+    20; 1024 x 3 = 3072 responses per step, so 13 mini-batches (the last of 192 responses, as verl's FSDP actor)."""
+    plan = BatchPlan.from_config(load_config(CONFIGS / "grpo_gsm8k_qwen3_1.7b.yaml"))
+    a = plan.actor
+    assert (plan.rows_per_step, a.mini_batch_rows, a.micro_batch_rows, a.micro_batches_per_mini) == (3072, 240, 20, 12)
+    assert (a.mini_batches_per_step, a.updates_per_step, a.forward_rows, plan.ref_log_prob_rows) == (13, 13, 20, 20)
+    assert plan.rows_per_step - (a.mini_batches_per_step - 1) * a.mini_batch_rows == 192
+
+
+def test_unset_sizes_resolve_as_documented():
+    cfg = load_config(None, ["data.train_batch_size=8", "actor_rollout_ref.rollout.n=2",
+                             "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.n_gpus_per_node=1"])
+    plan = BatchPlan.from_config(cfg)
+    assert plan.actor.micro_batch_size_per_gpu is None and plan.actor.micro_batch_rows == 8  # the mini-batch
+    assert plan.actor.forward_rows == plan.ref_log_prob_rows == 16  # log-probs: the whole step in one call
+    assert (plan.critic.mini_batch_rows, plan.critic.micro_batch_rows, plan.critic.forward_rows) == (8, 8, 8)
+    cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu = 4
+    assert BatchPlan.from_config(cfg).ref_log_prob_rows == 4  # the reference follows the rollout's log-prob size
+    assert micro_rows(None, 7) == 7 and micro_rows(3, 7) == 3
+    # the critic's unset sizes on a raw schema config (not loaded) follow the actor's, as the loader fills them
+    cfg.critic.ppo_mini_batch_size = cfg.critic.ppo_epochs = None
+    cfg.actor_rollout_ref.actor.ppo_epochs = 2
+    assert (BatchPlan.from_config(cfg).critic.mini_batch_rows, BatchPlan.from_config(cfg).critic.ppo_epochs) == (8, 2)
+
+
+def test_dapo_generation_rounds_and_the_micro_batch_list():
+    plan = BatchPlan.from_config(load_config(CONFIGS / "dapo_quickstart.yaml"))
+    assert (plan.rows_per_step, plan.gen_rows_per_round) == (128, 24 * 8)
+    cfg = load_config(CONFIGS / "ppo_quickstart.yaml", ["reward_model.micro_batch_size_per_gpu=16"])
+    keys = dict(BatchPlan.from_config(cfg).micro_batches(critic=True, reward_model=False))
+    assert keys == {"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 32,
+                    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 64,
+                    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 64,
+                    "critic.ppo_micro_batch_size_per_gpu": 32, "critic.forward_micro_batch_size_per_gpu": 64}
+    assert ("reward_model.micro_batch_size_per_gpu", 16) in BatchPlan.from_config(cfg).micro_batches(
+        critic=False, reward_model=True)
+
+
+def test_plan_is_frozen_and_checks_its_own_arithmetic():
+    plan = BatchPlan.from_config(load_config(CONFIGS / "quickstart.yaml"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.actor.micro_batch_rows = 3
+    bad = RolePlan.derive("critic", rollout_n=2, rows_per_step=8, mini_batch_size=3, micro_batch_size_per_gpu=4,
+                          forward_key="critic.forward_micro_batch_size_per_gpu", forward_per_gpu=None)
+    with pytest.raises(ValueError, match=r"critic.ppo_mini_batch_size\*rollout.n = 6 must be divisible by "
+                                         r"critic.ppo_micro_batch_size_per_gpu = 4"):
+        bad.check()
+    assert bad.with_mini_batch_size(2).mini_batch_rows == 4 and bad.with_mini_batch_size(2).micro_batch_rows == 4
+
+
+def test_loader_and_mesh_checks_read_the_plan():
+    # verl's world arithmetic on the plan's rows (the uneven-mini-batch note included)
+    with pytest.raises(ConfigError, match=r"ppo_micro_batch_size_per_gpu=48 must divide the per-device mini-batch"):
+        load_config(CONFIGS / "quickstart.yaml", ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=48"])
+    # a null log-prob micro-batch now means "the whole step" on a mesh too, checked like a set one
+    with pytest.raises(ConfigError, match=r"rollout.log_prob_micro_batch_size_per_gpu=6 rows per micro-batch do not "
+                                          r"split over the 4 batch shards"):
+        load_config(None, ["data.train_batch_size=3", "actor_rollout_ref.rollout.n=2", "trainer.n_gpus_per_node=1",
+                           "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+                           "trainer.mesh.data=2", "trainer.mesh.fsdp=2", "trainer.mesh.tensor=1"])
+
+
+def test_batch_plan_imports_no_jax():
+    code = "import sys, jaxrl.config.batch_plan; assert 'jax' not in sys.modules"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
