@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 from jaxrl.batch import RLBatch
+from jaxrl.config.batch_plan import BatchPlan
 from jaxrl.config.loader import load_config
 from jaxrl.models.config import ModelConfig
 from jaxrl.models.decoder import Decoder
@@ -32,6 +33,7 @@ SECTIONS = load_config(None, [
     "actor_rollout_ref.actor.use_kl_loss=false", "actor_rollout_ref.actor.optim.lr=1e-2",
     "critic.ppo_micro_batch_size_per_gpu=2", "critic.shuffle=true", "critic.optim.lr=1e-2", "trainer.n_gpus_per_node=1",
 ])
+PLAN = BatchPlan.from_config(SECTIONS)  # 8 rows per step, mini-batches of 4, micro-batches of 2
 
 
 def batch(seed: int) -> RLBatch:
@@ -51,16 +53,16 @@ def batch(seed: int) -> RLBatch:
 
 def actor(seed: int) -> ActorWorker:
     graphdef, params = nnx.split(Decoder(CFG, rngs=nnx.Rngs(seed)))
-    a = ActorWorker(graphdef, params, SECTIONS.actor_rollout_ref.actor, rollout_n=2, temperature=1.0,
-                    log_prob_micro_batch_size=N, total_training_steps=4, seed=seed)
-    a.init_optimizer(N)
+    a = ActorWorker(graphdef, params, SECTIONS.actor_rollout_ref.actor, plan=PLAN.actor, temperature=1.0,
+                    total_training_steps=4, seed=seed)
+    a.init_optimizer()
     return a
 
 
 def critic(seed: int) -> CriticWorker:
     graphdef, params = nnx.split(ValueModel(CFG, rngs=nnx.Rngs(seed)))
-    c = CriticWorker(graphdef, params, SECTIONS.critic, rollout_n=2, total_training_steps=4, seed=seed)
-    c.init_optimizer(N)
+    c = CriticWorker(graphdef, params, SECTIONS.critic, plan=PLAN.critic, total_training_steps=4, seed=seed)
+    c.init_optimizer()
     return c
 
 
