@@ -60,7 +60,6 @@ import math
 import os
 import pickle
 import shutil
-import signal
 import threading
 import time
 import weakref
@@ -73,7 +72,7 @@ from jaxrl.models.config import ModelConfig
 from jaxrl.rollout.base import RolloutOutput, SamplingParams, WeightSyncError, check_prompts
 from jaxrl.rollout.vllm_engine import _cfg_get
 from jaxrl.rollout.vllm_shm import WeightBlock
-from jaxrl.rollout.vllm_worker_process import start_worker_process
+from jaxrl.rollout.vllm_worker_process import describe_exit, start_worker_process, stop_worker
 from jaxrl.rollout.weight_format import WeightFormat
 
 __all__ = ["VllmWorkerEngine", "VllmWorkerError", "WeightSyncError"]
@@ -112,49 +111,6 @@ def _plain_cfg(section):
         raise ValueError(f"rollout_cfg of type {type(section).__name__} cannot be sent to the vLLM worker process "
                          f"({type(e).__name__}: {e}); pass a dict, a dataclass or an OmegaConf section") from e
     return section
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "is unreachable (its pipe closed) but still running"
-    if code < 0:
-        try:
-            return f"exited with code {code} (killed by signal {signal.Signals(-code).name})"
-        except ValueError:
-            return f"exited with code {code} (killed by signal {-code})"
-    return f"exited with code {code}"
-
-
-# --------------------------------------------------------------------------------------------- the parent
-def _release(res: SimpleNamespace, grace_s: float) -> None:
-    """Stop the child (shutdown message, join, terminate, kill), close the pipe, unlink the shared memory and
-    remove the start-up model directory if it is still there. ``res`` holds ``proc``, ``conn``, ``block`` (the
-    :class:`WeightBlock`), ``model_dir`` (each may be None)."""
-    proc, conn, block = res.proc, res.conn, res.block
-    try:
-        if proc is not None and proc.is_alive():
-            try:
-                conn.send((-1, "shutdown", None))
-            except (OSError, ValueError, AttributeError):
-                pass
-            proc.join(grace_s)
-            if proc.is_alive():
-                log.warning("vLLM worker pid %s did not exit within %.0f s; terminating it", proc.pid, grace_s)
-                proc.terminate()
-                proc.join(5.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5.0)
-        elif proc is not None and proc.pid is not None:
-            proc.join(0)  # reap
-    finally:
-        if conn is not None:
-            conn.close()
-        if block is not None:
-            block.close()
-            block.unlink()
-        if res.model_dir is not None:
-            shutil.rmtree(res.model_dir, ignore_errors=True)
 
 
 def _shutdown_all() -> None:
@@ -284,7 +240,7 @@ class VllmWorkerEngine:
         self.shm_name = self._block.name
         # Everything the cleanup needs, without a reference to self (so that garbage collection can run it).
         self._res = SimpleNamespace(proc=None, conn=None, block=self._block, model_dir=init_dir)
-        self._finalizer = weakref.finalize(self, _release, self._res, _SHUTDOWN_GRACE_S)
+        self._finalizer = weakref.finalize(self, stop_worker, self._res, _SHUTDOWN_GRACE_S)
 
         pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
         spec = dict(
@@ -335,7 +291,7 @@ class VllmWorkerEngine:
     def _mark_dead(self) -> str:
         proc = self._proc
         proc.join(5.0)
-        self._dead = f"the vLLM worker process (pid {proc.pid}) {_describe_exit(proc.exitcode)}"
+        self._dead = f"the vLLM worker process (pid {proc.pid}) {describe_exit(proc.exitcode)}"
         return self._dead
 
     def _next_reply(self, deadline: float | None):

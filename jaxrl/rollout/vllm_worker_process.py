@@ -4,7 +4,8 @@
 trainer's JAX/CUDA state is inherited) and the environment the caller gives it; :func:`worker_main` is the
 child: it rebuilds the policy from the start-up Hugging Face directory, starts a plain
 :class:`~jaxrl.rollout.vllm_engine.VllmEngine`, maps the shared-memory weight block
-(:class:`~jaxrl.rollout.vllm_shm.WeightBlock`) and serves the parent's requests over a pipe. The parent side is
+(:class:`~jaxrl.rollout.vllm_shm.WeightBlock`) and serves the parent's requests over a pipe; :func:`stop_worker`
+ends it (shutdown message, then terminate/kill) and frees what it held. The parent side is
 :class:`jaxrl.rollout.vllm_worker.VllmWorkerEngine`.
 
 Protocol (tuples over the pipe): parent -> child ``(seq, kind, payload)`` with kind ``"generate"`` (payload
@@ -19,12 +20,14 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import shutil
+import signal
 import threading
 import traceback
 from types import SimpleNamespace
 from typing import Any
 
-__all__ = ["error_payload", "start_worker_process", "worker_main"]
+__all__ = ["describe_exit", "error_payload", "start_worker_process", "stop_worker", "worker_main"]
 
 log = logging.getLogger("jaxrl.rollout.vllm_worker")
 
@@ -62,6 +65,49 @@ def start_worker_process(spec: dict, env: dict[str, str]) -> tuple[multiprocessi
                     os.environ[k] = v
     child_conn.close()
     return proc, parent_conn
+
+
+def describe_exit(code: int | None) -> str:
+    """How the child ended, for messages: ``"exited with code -9 (killed by signal SIGKILL)"``."""
+    if code is None:
+        return "is unreachable (its pipe closed) but still running"
+    if code < 0:
+        try:
+            return f"exited with code {code} (killed by signal {signal.Signals(-code).name})"
+        except ValueError:
+            return f"exited with code {code} (killed by signal {-code})"
+    return f"exited with code {code}"
+
+
+def stop_worker(res: SimpleNamespace, grace_s: float) -> None:
+    """Stop the child (shutdown message, join, terminate, kill), close the pipe, unlink the shared memory and
+    remove the start-up model directory if it is still there. ``res`` holds ``proc``, ``conn``, ``block`` (the
+    :class:`WeightBlock`), ``model_dir`` (each may be None)."""
+    proc, conn, block = res.proc, res.conn, res.block
+    try:
+        if proc is not None and proc.is_alive():
+            try:
+                conn.send((-1, "shutdown", None))
+            except (OSError, ValueError, AttributeError):
+                pass
+            proc.join(grace_s)
+            if proc.is_alive():
+                log.warning("vLLM worker pid %s did not exit within %.0f s; terminating it", proc.pid, grace_s)
+                proc.terminate()
+                proc.join(5.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5.0)
+        elif proc is not None and proc.pid is not None:
+            proc.join(0)  # reap
+    finally:
+        if conn is not None:
+            conn.close()
+        if block is not None:
+            block.close()
+            block.unlink()
+        if res.model_dir is not None:
+            shutil.rmtree(res.model_dir, ignore_errors=True)
 
 
 def worker_main(conn: multiprocessing.connection.Connection, spec: dict) -> None:

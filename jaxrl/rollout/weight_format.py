@@ -102,11 +102,11 @@ class WeightFormat:
                 raise WeightFormatError(f"{want}; got {_what(weights)} (sync through jaxrl.rollout.WeightSync)")
             if self.mesh is not None:
                 devices = set(self.mesh.devices.flat)
-                off = [(jax.tree_util.keystr(p), _devices(x)) for p, x in jax.tree_util.tree_leaves_with_path(weights)
+                off = [(name, _devices(x)) for name, x in _flat(weights)
                        if not isinstance(x, jax.Array) or set(x.sharding.device_set) != devices]
                 if off:
                     raise WeightFormatError(f"{want} (devices {sorted(d.id for d in devices)}); got arrays elsewhere: "
-                                            + ", ".join(f"{p} on {d}" for p, d in off[:3]))
+                                            + ", ".join(f"{p} {d}" for p, d in off[:3]))
             return
         if isinstance(weights, nnx.State) or not isinstance(weights, Mapping):
             raise WeightFormatError(f"{want}; got {_what(weights)} (sync through jaxrl.rollout.WeightSync)")
@@ -119,6 +119,12 @@ class WeightFormat:
                            or (isinstance(x, jax.Array) and all(d.platform == "cpu" for d in x.sharding.device_set)))]
         if off:
             raise WeightFormatError(f"{want}; got tensors elsewhere: " + ", ".join(f"{k} {d}" for k, d in off[:3]))
+
+
+def _flat(state: nnx.State) -> list[tuple[str, Any]]:
+    """``[(dotted name, array)]`` of an ``nnx.State``."""
+    return [(".".join(str(getattr(k, "key", k)) for k in path), leaf.get_value() if isinstance(leaf, nnx.Variable)
+             else leaf) for path, leaf in nnx.to_flat_state(state)]
 
 
 def _devices(x: Any) -> str:
