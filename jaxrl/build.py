@@ -42,7 +42,7 @@ class Components:
     model_meta: dict  # what jaxrl.export needs to rebuild the policy from a checkpoint
     critic: object | None = None
     placement: object | None = None  # jaxrl.workers.placement.Placement; None = every role on one device
-    translator: object | None = None  # sharding.Translator actor params -> rollout layout (a placement, or vLLM)
+    weight_sync: object | None = None  # jaxrl.rollout.weight_sync.WeightSync: actor params -> the rollout engine
     reward_model: object | None = None  # jaxrl.workers.reward_model.RewardModelWorker (reward_model.enable)
     lock: object | None = None  # jaxrl.runlock.RunLock on out_dir, held until run_training ends
     resume_from: tuple | None = None  # find_resume_checkpoint's answer: (root, step | None), or None = fresh start
@@ -110,7 +110,7 @@ def _build_components(cfg, out_dir: Path) -> Components:
 
     actor, ref = _build_actor_and_reference(cfg, graphdef, params, total, placement)
     critic = _build_critic(cfg, pre, total, placement) if needs_critic(cfg.algorithm.adv_estimator) else None
-    rollout, translator = _build_rollout(cfg, pre.config, graphdef, params, tokenizer, actor, placement)
+    rollout, weight_sync = _build_rollout(cfg, pre.config, graphdef, params, tokenizer, actor, placement)
     experience = _build_experience_maker(cfg, rollout, tokenizer, reward, reward_model)
     logger = MetricsLogger(
         cfg.trainer.logger, out_dir, project_name=cfg.trainer.project_name,
@@ -132,7 +132,7 @@ def _build_components(cfg, out_dir: Path) -> Components:
         experience=experience, train_data=train_data, val_rows=val_examples, logger=logger, out_dir=out_dir,
         total_training_steps=total, store=store,
         model_meta=model_meta(pre.config, path=arr.model.path, param_dtype=arr.model.param_dtype),
-        critic=critic, placement=placement, translator=translator, reward_model=reward_model,
+        critic=critic, placement=placement, weight_sync=weight_sync, reward_model=reward_model,
     )
 
 
@@ -267,33 +267,17 @@ def _build_actor_and_reference(cfg, graphdef, params, total_training_steps, plac
 
 
 def _build_rollout(cfg, model_cfg, graphdef, params, tokenizer, actor, placement):
-    """The rollout engine and the translator that feeds it every sync (None: the engine takes the params as is).
+    """The rollout engine and the ``WeightSync`` that feeds it (:func:`jaxrl.rollout.factory.start_rollout`): with a
+    placement the engine starts on the actor's params (the JAX sampler: translated onto the rollout mesh by the
+    initial sync), without one on the policy's own single-device params."""
+    from jaxrl.rollout.factory import start_rollout
 
-    * embedded sampler with a placement: the sampler starts on the actor's params as translated onto the rollout
-      mesh (a ``"jax"`` plan), so the first sync and every later one take the same path; without a placement it
-      runs on the actor's own single-device params and needs no translator;
-    * vLLM: an ``"hf"`` plan (:func:`jaxrl.workers.placement.build_hf_translator`) turns the actor's params, on
-      whatever train mesh, into whole HF-checkpoint tensors on the engine's device (vLLM's weight loaders cut their
-      own tensor-parallel shards); the engine starts from the same weights written as an HF directory.
-    """
-    from jaxrl.workers.placement import build_hf_translator, build_translator
-    from jaxrl.workers.rollout import make_rollout_engine
-
-    engine_params = actor.params if placement else params
-    if cfg.actor_rollout_ref.rollout.name == "vllm":
-        from jaxrl.rollout.vllm_worker import VllmWorkerEngine
-
-        rollout = make_rollout_engine(cfg, model_cfg, graphdef, engine_params, tokenizer, placement=placement)
-        # vLLM in its own process (split placement) reads host memory; in-process vLLM takes device arrays
-        return rollout, build_hf_translator(engine_params, model_cfg, host=isinstance(rollout, VllmWorkerEngine))
-    if placement is None:
-        return make_rollout_engine(cfg, model_cfg, graphdef, params, tokenizer), None
-    translator = build_translator(actor.params, placement)
-    rollout_params, report = translator.sync(actor.params)
-    log.info("initial weight sync: %d tensors, %.1f MB moved in %.2f s", report.num_tensors,
-             report.bytes_moved / 1e6, report.seconds)
-    rollout = make_rollout_engine(cfg, model_cfg, graphdef, rollout_params, tokenizer, mesh=placement.rollout_mesh)
-    return rollout, translator
+    weight_sync = start_rollout(
+        cfg, model_cfg, graphdef, actor.params if placement else params, tokenizer,
+        mesh=placement.rollout_mesh if placement else None, rules=placement.rollout_rules if placement else None,
+        split=placement is not None and placement.kind == "split",
+    )
+    return weight_sync.engine, weight_sync
 
 
 def _build_critic(cfg, policy, total_training_steps, placement=None):

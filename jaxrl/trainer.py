@@ -94,19 +94,10 @@ class Trainer:
         return metrics
 
     def sync_rollout(self) -> int:
-        """Give the rollout engine the actor's current weights; returns the bytes moved between devices.
-
-        With a translator (a placement, or vLLM) it re-lays the train-mesh params out for the engine (colocated:
-        one jitted reshard; split: device-to-device copies; vLLM: whole HF tensors on the engine's device) and the
-        count is its ``bytes_moved``; without one the engine takes the params as they are (0 bytes).
-        """
-        c = self.c
-        if c.translator is None:
-            c.rollout.update_weights(c.actor.params)
-            return 0
-        params, report = c.translator.sync(c.actor.params)
-        c.rollout.update_weights(params)
-        return report.bytes_moved
+        """Give the rollout engine the actor's current weights through the run's
+        :class:`~jaxrl.rollout.weight_sync.WeightSync` (the only caller of ``engine.update_weights``); returns the
+        bytes moved between devices. Any failure raises ``WeightSyncError``."""
+        return self.c.weight_sync.sync(self.c.actor.params).bytes_moved
 
     def _seed(self) -> int:
         return int(self.c.cfg.trainer.seed) * 1_000_003 + self.step

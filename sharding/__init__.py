@@ -6,7 +6,11 @@
 * :mod:`sharding.rules`: :data:`DEFAULT_RULES`, :func:`logical_to_pspec`, :func:`param_shardings`,
   :func:`shard_state`, :func:`batch_sharding`.
 * :mod:`sharding.ops`: the small layout operations (transpose, fuse q|k|v per TP rank, stack layers, ...).
-* :mod:`sharding.translator`: :class:`TargetSpec`, :func:`build_plan`, :func:`validate_plan`, :class:`Translator`.
+* :mod:`sharding.plan`: the plan model (:class:`Plan`, :class:`Rule`, :class:`Step`, :class:`TargetSpec`,
+  :func:`validate_plan`); :mod:`sharding.targets`: :func:`build_plan`, one table per target (jax / hf / vllm /
+  jetstream); :mod:`sharding.hf_layout`: the one Hugging Face name/layout table (:func:`hf_table`, also read by
+  ``jaxrl.models.hf``); :mod:`sharding.translator`: :class:`Translator` (runs a plan, :class:`SyncReport`),
+  with :mod:`sharding.transfer` (device-to-device piece copies). All public names are re-exported here.
 
 Typical use (train mesh -> embedded sampler on a tensor-parallel mesh)::
 
@@ -17,6 +21,7 @@ Typical use (train mesh -> embedded sampler on a tensor-parallel mesh)::
     rollout_params, report = translator.sync(state)   # report.bytes_moved, report.seconds
 """
 
+from sharding.hf_layout import HFTensor, hf_table
 from sharding.mesh import MESH_AXES, make_mesh, split_devices
 from sharding.rules import (
     DEFAULT_RULES,
@@ -41,6 +46,7 @@ from sharding.translator import (
 
 __all__ = [
     "DEFAULT_RULES",
+    "HFTensor",
     "MESH_AXES",
     "ModelInfo",
     "Plan",
@@ -51,6 +57,7 @@ __all__ = [
     "Translator",
     "batch_sharding",
     "build_plan",
+    "hf_table",
     "logical_to_pspec",
     "make_mesh",
     "param_shardings",

@@ -131,7 +131,7 @@ def test_missing_data_file_fails_before_loading_the_model(tmp_path, capsys):
 def test_unavailable_rollout_engine_is_a_clear_error():
     from types import SimpleNamespace
 
-    from jaxrl.workers.rollout import make_rollout_engine
+    from jaxrl.rollout.factory import make_rollout_engine
 
     cfg = SimpleNamespace(actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(name="jetstream")))
     with pytest.raises(ValueError, match="rollout.name='jetstream'.*valid here: jax"):
@@ -142,7 +142,7 @@ def test_vllm_without_vllm_installed_says_how_to_install():
     import importlib.util
     from types import SimpleNamespace
 
-    from jaxrl.workers.rollout import make_rollout_engine
+    from jaxrl.rollout.factory import make_rollout_engine
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed here; tests/vllm_rollout covers the engine")

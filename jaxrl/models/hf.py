@@ -3,14 +3,14 @@
 Tensors use Hugging Face names and torch layouts (``nn.Linear.weight`` is ``[out, in]``), e.g.
 ``model.layers.0.self_attn.q_proj.weight`` ``[nH*D, H]``. The mapping to the Decoder's layouts (documented in
 ``decoder.py``) is a pure transpose/reshape, so ``to_hf_tensors(from_hf_tensors(cfg, t))`` reproduces ``t``
-exactly (float32) or bit-exactly in the stored dtype.
+exactly (float32) or bit-exactly in the stored dtype. The name/layout table is :func:`sharding.hf_table`, the
+one the weight translator's ``"hf"`` target (what vLLM loads) reads as well.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,8 @@ from flax import nnx
 from jaxrl.models.config import ModelConfig
 from jaxrl.models.decoder import Decoder
 from jaxrl.models.files import ModelFileError, read_json_file
+from sharding.hf_layout import HFTensor, hf_table
+from sharding.plan import ModelInfo, run_steps
 
 # Present in some older checkpoints; carry no learned information.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -97,75 +99,21 @@ def _load_safetensors(path: Path) -> dict[str, np.ndarray]:
 
 
 # ----------------------------------------------------------------------------------------------- mapping
-# Each entry: (hf_name, module path, hf->jax transform, jax->hf transform, expected HF shape).
-_Entry = tuple[str, tuple, Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray], tuple]
-
-
-def _identity(a: np.ndarray) -> np.ndarray:
-    return a
-
-
-def _entries(cfg: ModelConfig, *, lm_head: bool = True) -> Iterator[_Entry]:
-    """The weight table of ``cfg``'s decoder; ``lm_head=False`` leaves out an untied ``lm_head.weight`` (a
+def _entries(cfg: ModelConfig, *, lm_head: bool = True) -> tuple[HFTensor, ...]:
+    """The weight table of ``cfg``'s decoder, from the one HF name/layout table (:func:`sharding.hf_table`, which
+    the translator's ``"hf"`` target reads too); ``lm_head=False`` leaves out an untied ``lm_head.weight`` (a
     ``*ForSequenceClassification`` checkpoint has a ``score`` head instead)."""
-    h, i, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-    nh, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-
-    def t(a):
-        return np.ascontiguousarray(a.T)
-
-    def in_proj(n):  # HF [n*d, h] <-> ours [h, n, d]
-        return (
-            lambda a: np.ascontiguousarray(a.T.reshape(h, n, d)),
-            lambda a: np.ascontiguousarray(a.reshape(h, n * d).T),
-        )
-
-    def bias(n):  # HF [n*d] <-> ours [n, d]
-        return (lambda a: a.reshape(n, d), lambda a: a.reshape(n * d))
-
-    o_fwd = lambda a: np.ascontiguousarray(a.T.reshape(nh, d, h))  # noqa: E731  HF [h, nh*d] -> [nh, d, h]
-    o_bwd = lambda a: np.ascontiguousarray(a.reshape(nh * d, h).T)  # noqa: E731
-
-    yield ("model.embed_tokens.weight", ("embed_tokens",), _identity, _identity, (v, h))
-    for li in range(cfg.num_hidden_layers):
-        p = f"model.layers.{li}."
-        L = ("layers", li)
-        yield (p + "input_layernorm.weight", L + ("input_layernorm", "scale"), _identity, _identity, (h,))
-        yield (
-            p + "post_attention_layernorm.weight",
-            L + ("post_attention_layernorm", "scale"),
-            _identity,
-            _identity,
-            (h,),
-        )
-        a = p + "self_attn."
-        A = L + ("self_attn",)
-        for name, n in (("q", nh), ("k", nkv), ("v", nkv)):
-            fwd, bwd = in_proj(n)
-            yield (a + f"{name}_proj.weight", A + (f"{name}_proj",), fwd, bwd, (n * d, h))
-            if cfg.attention_bias:
-                bf, bb = bias(n)
-                yield (a + f"{name}_proj.bias", A + (f"{name}_bias",), bf, bb, (n * d,))
-        yield (a + "o_proj.weight", A + ("o_proj",), o_fwd, o_bwd, (h, nh * d))
-        if cfg.qk_norm:
-            yield (a + "q_norm.weight", A + ("q_norm", "scale"), _identity, _identity, (d,))
-            yield (a + "k_norm.weight", A + ("k_norm", "scale"), _identity, _identity, (d,))
-        m = p + "mlp."
-        M = L + ("mlp",)
-        yield (m + "gate_proj.weight", M + ("gate_proj",), t, t, (i, h))
-        yield (m + "up_proj.weight", M + ("up_proj",), t, t, (i, h))
-        yield (m + "down_proj.weight", M + ("down_proj",), t, t, (h, i))
-    yield ("model.norm.weight", ("norm", "scale"), _identity, _identity, (h,))
-    if lm_head and not cfg.tie_word_embeddings:
-        yield ("lm_head.weight", ("lm_head",), t, t, (v, h))
+    return hf_table(ModelInfo.from_config(cfg), vocab_size=cfg.vocab_size, attention_bias=cfg.attention_bias,
+                    qk_norm=cfg.qk_norm, lm_head=lm_head)
 
 
-def _get_variable(model: Decoder, path: tuple) -> nnx.Variable:
+def _get_variable(model: Decoder, source: str) -> nnx.Variable:
+    """The Variable at a dotted ``nnx.State`` path (``"layers.0.self_attn.q_proj"``)."""
     obj: Any = model
-    for key in path:
-        obj = obj[key] if isinstance(key, int) else getattr(obj, key)
+    for key in source.split("."):
+        obj = obj[int(key)] if key.isdigit() else getattr(obj, key)
     if not isinstance(obj, nnx.Variable):
-        raise TypeError(f"internal error: {path} is {type(obj).__name__}, not an nnx.Variable")
+        raise TypeError(f"internal error: {source} is {type(obj).__name__}, not an nnx.Variable")
     return obj
 
 
@@ -196,14 +144,14 @@ def from_hf_tensors(
             expected shape). When ``cfg.tie_word_embeddings``, ``lm_head.weight`` may be absent, or present and
             equal to ``model.embed_tokens.weight`` (a differing one is reported as unexpected).
     """
-    entries = list(_entries(cfg, lm_head=lm_head))
-    expected_names = {e[0] for e in entries}
-    missing = [e[0] for e in entries if e[0] not in tensors]
+    entries = _entries(cfg, lm_head=lm_head)
+    expected_names = {e.name for e in entries}
+    missing = [e.name for e in entries if e.name not in tensors]
     unexpected = sorted(n for n in tensors if n not in expected_names and not _allowed_extra(cfg, n, lm_head))
     wrong = [
-        f"{e[0]}: expected {e[4]}, got {tuple(np.shape(tensors[e[0]]))}"
+        f"{e.name}: expected {e.shape}, got {tuple(np.shape(tensors[e.name]))}"
         for e in entries
-        if e[0] in tensors and tuple(np.shape(tensors[e[0]])) != e[4]
+        if e.name in tensors and tuple(np.shape(tensors[e.name])) != e.shape
     ]
     if (
         lm_head
@@ -229,11 +177,11 @@ def from_hf_tensors(
     if not lm_head:
         model.lm_head = None
     target = jnp.dtype(param_dtype)
-    for name, path, fwd, _, _ in entries:
-        arr = fwd(np.asarray(tensors[name]))
-        var = _get_variable(model, path)
+    for e in entries:
+        arr = np.ascontiguousarray(run_steps(e.from_hf, np.asarray(tensors[e.name]), what=e.name))
+        var = _get_variable(model, e.source)
         if tuple(var.shape) != arr.shape:
-            raise ValueError(f"internal layout error for {name}: {arr.shape} vs parameter {tuple(var.shape)}")
+            raise ValueError(f"internal layout error for {e.name}: {arr.shape} vs parameter {tuple(var.shape)}")
         var.set_value(jnp.asarray(arr, dtype=target))
     return model
 
@@ -245,10 +193,11 @@ def to_hf_tensors(model: Decoder) -> dict[str, np.ndarray]:
     ``lm_head.weight``).
     """
     out: dict[str, np.ndarray] = {}
-    for name, path, _, bwd, shape in _entries(model.cfg, lm_head=model.lm_head is not None):
-        arr = bwd(np.asarray(jax.device_get(_get_variable(model, path).get_value())))
-        assert arr.shape == shape, (name, arr.shape, shape)
-        out[name] = arr
+    for e in _entries(model.cfg, lm_head=model.lm_head is not None):
+        arr = np.asarray(jax.device_get(_get_variable(model, e.source).get_value()))
+        arr = np.ascontiguousarray(run_steps(e.to_hf, arr, what=e.name))
+        assert arr.shape == e.shape, (e.name, arr.shape, e.shape)
+        out[e.name] = arr
     return out
 
 

@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["SamplingParams", "RolloutOutput", "RolloutEngine", "WeightSyncError"]
+__all__ = ["SamplingParams", "RolloutOutput", "RolloutEngine", "WeightFormatError", "WeightSyncError"]
 
 _MAX_SEED = 2**32
 
@@ -150,9 +150,19 @@ class WeightSyncError(RuntimeError):
     """
 
 
+class WeightFormatError(TypeError):
+    """Weights handed to a rollout engine in a format it did not declare (``engine.weight_format``); the message
+    names the engine, the format it takes and what it got. Nothing was loaded: the engine keeps its weights."""
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
-    """What the trainer needs from a rollout engine."""
+    """What the trainer needs from a rollout engine.
+
+    Every engine also declares ``weight_format`` (a :class:`jaxrl.rollout.weight_format.WeightFormat`): the one
+    layout its :meth:`update_weights` accepts. Weights reach it only through
+    :class:`jaxrl.rollout.weight_sync.WeightSync`, which translates the trainer's params into that format.
+    """
 
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, *, rng_seed: int | None = None
@@ -161,7 +171,8 @@ class RolloutEngine(Protocol):
         ...
 
     def update_weights(self, params) -> None:
-        """Replace the engine's weights with ``params`` (an ``nnx.State`` of the same structure)."""
+        """Replace the engine's weights with ``params`` in the engine's ``weight_format`` (else
+        :class:`WeightFormatError`)."""
         ...
 
 

@@ -23,6 +23,11 @@ bucketing, prompt-width bucketing, or the lengths of the other prompts in the ca
 guaranteed: bitwise-equal logits across different padded shapes (XLA may pick other reduction
 orders for other ``[B, P]``), so a near-tie between two tokens can in rare cases resolve
 differently when the same prompt is generated in a differently shaped batch.
+
+On a device mesh (``JaxSampler(..., mesh=...)``, the rollout mesh of a placement) the weights arrive already laid
+out on the mesh by the weight sync (tensor-parallel over ``tensor``, replicated over ``data``), and each chunk's
+per-row inputs are placed with rows over the mesh's ``data`` axis (data-parallel replicas); the KV cache and
+logits follow by sharding propagation inside the same jitted programs. Sampling is unchanged.
 """
 
 from __future__ import annotations
@@ -34,11 +39,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl.models.config import ModelConfig
 from jaxrl.models.decoder import init_cache
 from jaxrl.rollout.base import RolloutOutput, SamplingParams, check_prompts
 from jaxrl.rollout.sampling import select_tokens
+from jaxrl.rollout.weight_format import WeightFormat
+from sharding.rules import Rules
 
 __all__ = ["JaxSampler"]
 
@@ -79,9 +87,21 @@ class JaxSampler:
         ``max_prompt_length``.
       max_batch_size: rows per generated chunk (>= 1); ``None`` = all rows in one chunk.
       cache_dtype: dtype of the KV cache.
+      mesh: the rollout mesh (axes ``(data, fsdp, tensor)``, e.g. ``Placement.rollout_mesh``), or None for one
+        device. With a mesh, ``params`` (initial and every :meth:`update_weights`) must already live on it (the
+        weight sync's output; the sampler does not move weights), and each chunk's per-row inputs (prompt ids and
+        mask ``[B, P]``, row ids and validity ``[B]``) are placed with ``B`` over ``data`` when the bucketed ``B``
+        is divisible by it, else replicated on the mesh.
+      rules: with a mesh: the logical-axis rules the weights are laid out by (default
+        :data:`sharding.rules.TENSOR_PARALLEL_RULES`); part of the declared :attr:`weight_format`.
+
+    Attributes:
+      weight_format: the one weight format :meth:`update_weights` accepts (:class:`WeightFormat` ``"jax"``, on
+        ``mesh`` when given).
 
     Raises:
-      ValueError: an argument is out of range (the message names it).
+      ValueError: an argument is out of range (the message names it), or ``mesh`` has no ``"data"`` axis.
+      WeightFormatError: with a mesh, ``params`` do not live on it.
     """
 
     def __init__(
@@ -96,6 +116,8 @@ class JaxSampler:
         prompt_length_bucket: int = 32,
         max_batch_size: int | None = None,
         cache_dtype=jnp.float32,
+        mesh: Mesh | None = None,
+        rules: Rules | None = None,
     ) -> None:
         vocab = model_cfg.vocab_size
         if not isinstance(pad_token_id, (int, np.integer)) or not (0 <= pad_token_id < vocab):
@@ -110,6 +132,10 @@ class JaxSampler:
             raise ValueError(f"prompt_length_bucket={prompt_length_bucket!r} must be an int >= 1")
         if max_batch_size is not None and (not isinstance(max_batch_size, int) or max_batch_size < 1):
             raise ValueError(f"max_batch_size={max_batch_size!r} must be None or an int >= 1")
+        if mesh is not None and "data" not in mesh.axis_names:
+            raise ValueError(f"the rollout mesh needs a 'data' axis; got axes {mesh.axis_names}")
+        if mesh is None and rules is not None:
+            raise ValueError("rules= lays weights out on a mesh; pass mesh= too (or neither)")
 
         self.model_cfg = model_cfg
         self.pad_token_id = int(pad_token_id)
@@ -118,13 +144,22 @@ class JaxSampler:
         self.prompt_length_bucket = prompt_length_bucket
         self.max_batch_size = max_batch_size
         self.cache_dtype = cache_dtype
+        self.mesh = mesh
+        self.weight_format = WeightFormat.jax(mesh, rules)
+        if mesh is None:
+            self.engine_name = "jax sampler"
+        else:
+            self.engine_name = "jax sampler on mesh " + " x ".join(f"{a}={mesh.shape[a]}" for a in mesh.axis_names)
+            self.weight_format.check(params, self.engine_name)
+            self._rows = NamedSharding(mesh, PartitionSpec("data"))
+            self._replicated = NamedSharding(mesh, PartitionSpec())
         self._graphdef = graphdef
         self._params = jax.tree.map(jnp.asarray, params)
         self._signature = _leaf_signature(self._params)
         self._num_traces = 0
         self.last_decode_steps = 0  # decode-loop steps of the last generate() (max over chunks)
-        self._prefill = jax.jit(self._prefill_impl, static_argnames=("max_new_tokens",))
-        self._decode = jax.jit(self._decode_impl, donate_argnames=("cache",))
+        self._prefill_jit = jax.jit(self._prefill_impl, static_argnames=("max_new_tokens",))
+        self._decode_jit = jax.jit(self._decode_impl, donate_argnames=("cache",))
 
     @classmethod
     def from_model(cls, model: nnx.Module, model_cfg: ModelConfig, **kwargs) -> "JaxSampler":
@@ -146,12 +181,18 @@ class JaxSampler:
     def update_weights(self, params: nnx.State) -> None:
         """Replace the weights used by later :meth:`generate` calls (no recompilation).
 
+        Called by :meth:`jaxrl.rollout.weight_sync.WeightSync.sync` (which wraps every failure in
+        ``WeightSyncError``).
+
         Args:
-          params: a state with exactly the same tree structure, leaf shapes and dtypes as the
-            current one (e.g. the trainer's updated ``nnx.state(model)`` after layout translation).
+          params: an ``nnx.State`` with exactly the same tree structure, leaf shapes and dtypes as the
+            current one (e.g. the trainer's updated ``nnx.state(model)`` after layout translation); with a mesh,
+            every array on it.
         Raises:
+          WeightFormatError: not an ``nnx.State``, or (with a mesh) arrays that do not live on the mesh.
           ValueError: names the missing/extra leaf paths, or the first leaves whose shape or dtype differ.
         """
+        self.weight_format.check(params, self.engine_name)
         sig = _leaf_signature(params)
         missing = sorted(set(self._signature) - set(sig))
         extra = sorted(set(sig) - set(self._signature))
@@ -177,6 +218,26 @@ class JaxSampler:
         self._params = new
 
     # ------------------------------------------------------------------ jitted programs
+    def _prefill(self, params, input_ids, prompt_mask, *, max_new_tokens: int):
+        """The jitted prefill (:meth:`_prefill_impl`), its row inputs placed on the mesh first (with one)."""
+        if self.mesh is not None:
+            input_ids, prompt_mask = self._place_rows(input_ids, prompt_mask)
+        return self._prefill_jit(params, input_ids, prompt_mask, max_new_tokens=max_new_tokens)
+
+    def _decode(self, params, cache, input_ids, prompt_mask, row_ids, row_valid, stop_ids, controls):
+        """The jitted decode loop (:meth:`_decode_impl`), its inputs placed on the mesh first (with one): rows
+        over ``data``, stop ids and sampling controls replicated."""
+        if self.mesh is not None:
+            input_ids, prompt_mask, row_ids, row_valid = self._place_rows(input_ids, prompt_mask, row_ids, row_valid)
+            stop_ids, controls = jax.device_put((stop_ids, controls), self._replicated)
+        return self._decode_jit(params, cache, input_ids, prompt_mask, row_ids, row_valid, stop_ids, controls)
+
+    def _place_rows(self, *arrays):
+        """Put ``[B, ...]`` arrays on the mesh: ``B`` over ``data`` when divisible, else replicated."""
+        rows = int(np.shape(arrays[0])[0])
+        sharding = self._rows if rows % self.mesh.shape["data"] == 0 else self._replicated
+        return tuple(jax.device_put(a, sharding) for a in arrays)
+
     def _prefill_impl(self, params, input_ids, prompt_mask, *, max_new_tokens: int):
         """Fill the KV cache with every prompt token but the last.
 

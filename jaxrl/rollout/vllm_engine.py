@@ -11,10 +11,11 @@ processes:
   row's random stream depends only on (step seed, row index), as in :class:`~jaxrl.rollout.JaxSampler`; prefix
   caching makes the ``n`` copies of a prompt share its KV blocks. Outputs are padded into the same arrays the
   JAX sampler returns (prompts left-padded to the bucketed width, responses right-padded to ``max_new_tokens``).
-* **update_weights**: the trainer's params go through ``sharding.Translator`` with an ``"hf"`` target (whole
-  Hugging Face checkpoint tensors, ``[out, in]``, on ``jax.devices()[0]``; the trainer builds that plan from its
-  train mesh, a direct call with an ``nnx.State`` builds one here) -> each ``jax.Array`` becomes a torch tensor by
-  DLPack (same buffer, same device: on GPU no host round trip, on CPU no copy) ->
+* **update_weights**: the engine declares the ``"hf_device"`` weight format
+  (:class:`~jaxrl.rollout.weight_format.WeightFormat`): whole Hugging Face checkpoint tensors, ``[out, in]``, as
+  ``jax.Array`` s on ``jax.devices()[0]``, and refuses anything else. :class:`~jaxrl.rollout.weight_sync.WeightSync`
+  produces them with the translator's ``"hf"`` plan from the train mesh -> each ``jax.Array`` becomes a torch
+  tensor by DLPack (same buffer, same device: on GPU no host round trip, on CPU no copy) ->
   ``llm.collective_rpc("reload_weights", ...)`` on every worker (vLLM's in-place reload: ``model.load_weights``
   wrapped in its layerwise-reload hooks, which redo post-load processing such as CPU weight repacking) ->
   ``reset_prefix_cache`` (cached KV blocks were computed by the old weights). The whole sync runs under a timeout
@@ -58,6 +59,7 @@ from flax import nnx
 
 from jaxrl.models.config import ModelConfig
 from jaxrl.rollout.base import RolloutOutput, SamplingParams, WeightSyncError, check_prompts
+from jaxrl.rollout.weight_format import WeightFormat
 
 __all__ = ["VllmEngine", "WeightSyncError", "row_seeds"]
 
@@ -74,26 +76,6 @@ def row_seeds(seed: int, rows: int) -> list[int]:
       ``rows`` ints in [0, 2**32); row r's seed depends only on (seed, r).
     """
     return [int(np.random.SeedSequence([int(seed), r]).generate_state(1)[0]) for r in range(rows)]
-
-
-def _leaf_signature(params) -> dict[str, tuple[tuple[int, ...], str]]:
-    """``{leaf path: (shape, dtype name)}`` of a parameter tree (the engine's fixed weight layout)."""
-    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
-    return {
-        jax.tree_util.keystr(p): (tuple(np.shape(x)), str(getattr(x, "dtype", None) or np.asarray(x).dtype))
-        for p, x in leaves
-    }
-
-
-def _tree_mismatch(expected: dict, params) -> str | None:
-    """How ``params``' leaves differ from the signature ``expected`` (missing, unexpected, (shape, dtype)
-    mismatches; the first 5 of each), or None when they match."""
-    sig = _leaf_signature(params)
-    missing, extra = sorted(set(expected) - set(sig)), sorted(set(sig) - set(expected))
-    diffs = [f"{p}: expected {expected[p]}, got {sig[p]}" for p in sorted(sig) if p in expected and sig[p] != expected[p]]
-    if missing or extra or diffs:
-        return f"missing {missing[:5]}, unexpected {extra[:5]}, (shape, dtype) mismatches {diffs[:5]}"
-    return None
 
 
 def _refresh_tied_lm_head(worker) -> bool:
@@ -131,7 +113,8 @@ class VllmEngine:
     Args:
       model_cfg: the policy's :class:`ModelConfig` (eos/bos ids, vocab size).
       graphdef, params: ``nnx.split`` of the policy (:class:`jaxrl.models.decoder.Decoder`); vLLM starts on these
-        weights and every :meth:`update_weights` must pass a state with the same leaves.
+        weights (written as a Hugging Face directory); every :meth:`update_weights` passes the same checkpoint's
+        tensors.
       tokenizer: supplies the pad id (``None`` or a tokenizer without one: the model's pad, else its first eos).
       rollout_cfg: the ``actor_rollout_ref.rollout`` section; reads ``tensor_model_parallel_size``,
         ``gpu_memory_utilization``, ``seed`` and ``update_weights_timeout_s`` (each optional).
@@ -145,6 +128,9 @@ class VllmEngine:
         the weights so the trainer can use the memory) and ``wake_up`` before the next sync/generate.
       dtype: vLLM compute dtype; ``None`` = float32 on CPU, the params' dtype on GPU.
       llm_kwargs: extra keyword arguments for ``vllm.LLM``.
+
+    Attributes:
+      weight_format: ``WeightFormat.hf_on_device()``: the only format :meth:`update_weights` accepts.
 
     Raises:
       ValueError: a bad argument (named), or ``enable_sleep_mode`` on a platform that is not CUDA.
@@ -203,14 +189,12 @@ class VllmEngine:
         if not (0 <= int(pad) < model_cfg.vocab_size):
             raise ValueError(f"pad id {pad!r} is outside the vocabulary [0, {model_cfg.vocab_size})")
         self.pad_token_id = int(pad)
-        self._graphdef = graphdef
-        self._signature = _leaf_signature(params)
+        self.weight_format = WeightFormat.hf_on_device()
         self.num_syncs = 0
         self._pending: str | None = None  # a sync timed out and no later sync succeeded: generate() refuses
         self._dead: str | None = None  # a sync failed inside vLLM: weights half-loaded, the engine is unusable
         self._sync_thread: threading.Thread | None = None
         self._sync_result: dict | None = None
-        self._translator = None  # (source layout key, sharding.Translator) for update_weights(nnx.State)
 
         is_cpu = current_platform.is_cpu()
         if enable_sleep_mode and not current_platform.is_cuda():
@@ -242,60 +226,40 @@ class VllmEngine:
         log.info("started %s in %.1f s", self.engine_name, time.perf_counter() - t0)
 
     # ------------------------------------------------------------------ weights
-    def update_weights(self, params) -> None:
+    def update_weights(self, tensors: Mapping[str, jax.Array]) -> None:
         """Load new weights into vLLM (all workers), then drop the prefix cache.
 
+        Called by :meth:`jaxrl.rollout.weight_sync.WeightSync.sync`, which makes the tensors with the translator's
+        ``"hf"`` plan.
+
         Args:
-          params: either the policy's ``nnx.State`` with exactly the leaves (paths, shapes, dtypes) of the initial
-            one - translated here by :meth:`hf_translator` - or the ``{hf_name: array}`` mapping a
-            ``sharding.Translator`` with an ``"hf"`` target produced (what the trainer passes; jax or numpy arrays).
+          tensors: ``{hf_name: jax.Array}`` on ``jax.devices()[0]`` (the engine's ``weight_format``) with exactly
+            the names and shapes of the initial checkpoint.
         Raises:
+          WeightFormatError: another format (an ``nnx.State``, numpy arrays, arrays on another device); nothing
+            is sent.
           WeightSyncError (the message names the sync number and the engine), in three kinds:
-            * the tree / names or a shape/dtype differs: nothing is sent, the engine keeps its previous weights;
+            * a name is missing/unknown or a shape differs: nothing is sent, the engine keeps its previous weights;
             * the sync took longer than ``sync_timeout_s``: it goes on in the background; :meth:`generate`
               refuses to run until a later sync succeeds (which first waits for the late one);
             * vLLM failed while loading: its in-place reload cannot be rolled back, so the engine is unusable
               from then on (every later call raises; restart the run).
         """
-        if isinstance(params, Mapping) and not isinstance(params, nnx.State):  # (an nnx.State is a Mapping too)
-            self.load_hf_weights(params)
-            return
-        mismatch = _tree_mismatch(self._signature, params)
-        if mismatch:
-            raise WeightSyncError(
-                f"weight sync #{self.num_syncs + 1} into {self.engine_name}: parameter tree differs from the "
-                f"engine's ({mismatch}); the engine keeps its previous weights"
-            )
-        translator = self.hf_translator(params)
-        self._run_sync(self.num_syncs + 1, lambda: translator.sync(params)[0])
+        self.weight_format.check(tensors, self.engine_name)
+        self.load_hf_weights(tensors)
 
     def load_hf_weights(self, tensors: Mapping[str, "np.ndarray | jax.Array"]) -> None:
-        """Load a complete set of HF-named ``[out, in]`` tensors (``to_hf_tensors`` naming) under the sync timeout.
-
-        Same as :meth:`update_weights` with a mapping.
+        """Load a complete set of HF-named ``[out, in]`` tensors (:func:`sharding.hf_table` naming) under the sync
+        timeout: the loader behind :meth:`update_weights`, without its format check (the vLLM worker process
+        calls it with the host arrays it copied out of shared memory).
 
         Args:
-          tensors: ``{hf_name: array}`` with exactly the names and shapes of the initial checkpoint.
+          tensors: ``{hf_name: array}`` (jax or numpy) with exactly the names and shapes of the initial checkpoint.
         Raises:
           WeightSyncError: a name is missing/unknown or a shape differs (nothing is sent; the engine keeps its
             weights), vLLM failed while loading (the engine is then unusable), or the sync timed out.
         """
         self._run_sync(self.num_syncs + 1, lambda: dict(tensors))
-
-    def hf_translator(self, params):
-        """The ``sharding.Translator`` from ``params``' layout to HF checkpoint tensors on the engine's device.
-
-        Built once per source layout (the trainer builds its own from the train mesh; this one serves direct
-        :meth:`update_weights` calls with an ``nnx.State``). Target device: ``jax.devices()[0]`` - on GPU the
-        device vLLM's rank 0 uses in a colocated run, so :meth:`_as_torch` hands the tensors over by DLPack.
-        """
-        from sharding import ModelInfo, TargetSpec, Translator, build_plan
-
-        key = tuple(str(getattr(leaf, "sharding", None)) for leaf in jax.tree.leaves(params))
-        if self._translator is None or self._translator[0] != key:
-            plan = build_plan(params, TargetSpec("hf", devices=[jax.devices()[0]]), ModelInfo.from_config(self.model_cfg))
-            self._translator = (key, Translator(plan))
-        return self._translator[1]
 
     @staticmethod
     def _as_torch(a):

@@ -20,13 +20,15 @@ Data path
     would re-derive the config from ``config.json``, which need not round-trip every field), and starts
     ``VllmEngine`` (which writes its own copy under ``work_dir``). The parent deletes its copy once the child is
     ready.
-  * weight sync: one host ``multiprocessing.shared_memory.SharedMemory`` block, sized for the complete set of
-    HF tensors (names, offsets, shapes and dtypes fixed at start from the initial checkpoint), allocated once and
-    reused by every sync. The parent converts the params to HF tensors, validates them, copies them into the
-    block and sends a small ``load`` message; the child copies them out and calls
-    ``VllmEngine.load_hf_weights``. On GPUs this is a **host round trip** (trainer device -> host -> shared
-    memory -> host -> vLLM device), i.e. roughly two model-sized host copies plus two PCIe transfers per sync;
-    there is no device-to-device path (NCCL) here.
+  * weight sync: one host ``multiprocessing.shared_memory.SharedMemory`` block
+    (:class:`~jaxrl.rollout.vllm_shm.WeightBlock`), sized for the complete set of HF tensors (names, offsets,
+    shapes and dtypes fixed at start from the initial checkpoint), allocated once and reused by every sync. The
+    engine declares the ``"hf_host"`` weight format: :class:`~jaxrl.rollout.weight_sync.WeightSync` lands the HF
+    tensors (the translator's ``"hf"`` plan) on the host CPU device; the parent validates them, copies them into
+    the block and sends a small ``load`` message; the child (:mod:`jaxrl.rollout.vllm_worker_process`) copies
+    them out and calls ``VllmEngine.load_hf_weights``. On GPUs this is a **host round trip** (trainer device ->
+    host -> shared memory -> host -> vLLM device), i.e. roughly two model-sized host copies plus two PCIe
+    transfers per sync; there is no device-to-device path (NCCL) here.
   * generate: prompts and :class:`SamplingParams` go through the pipe, the padded numpy arrays of
     :class:`RolloutOutput` come back (pickled; small next to the weights).
 
@@ -34,9 +36,9 @@ Failure modes
   * start-up failure in the child (bad config, vLLM error, out of memory): the constructor raises
     :class:`VllmWorkerError` with the child's exception type, text and traceback tail; a child that dies
     without a word is reported with its exit code; no reply within ``start_timeout_s`` kills the child.
-  * bad weights (missing/unknown name, wrong shape, non-float dtype, different ``nnx.State`` tree):
-    :class:`WeightSyncError` raised in the parent before anything is written or sent; the worker keeps its
-    weights and keeps serving.
+  * bad weights (missing/unknown name, wrong shape, non-float dtype): :class:`WeightSyncError` raised in the
+    parent before anything is written or sent; the worker keeps its weights and keeps serving. Weights in another
+    format (an ``nnx.State``, device arrays): :class:`~jaxrl.rollout.base.WeightFormatError`, nothing sent.
   * sync timeout (the whole sync -- conversion, copy into shared memory, the child's load -- exceeds
     ``sync_timeout_s``): :class:`WeightSyncError` naming ``actor_rollout_ref.rollout.update_weights_timeout_s``.
     The child is *not* killed: it finishes the load in the background. :meth:`~VllmWorkerEngine.generate` is
@@ -55,40 +57,33 @@ from __future__ import annotations
 import atexit
 import logging
 import math
-import multiprocessing
-import multiprocessing.connection
 import os
 import pickle
 import shutil
-import signal
 import threading
 import time
-import traceback
 import weakref
-from collections.abc import Mapping
-from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import numpy as np
 
 from jaxrl.models.config import ModelConfig
-from jaxrl.rollout.base import RolloutOutput, SamplingParams, check_prompts
-from jaxrl.rollout.vllm_engine import WeightSyncError, _cfg_get, _leaf_signature, _tree_mismatch
+from jaxrl.rollout.base import RolloutOutput, SamplingParams, WeightSyncError, check_prompts
+from jaxrl.rollout.vllm_engine import _cfg_get
+from jaxrl.rollout.vllm_shm import WeightBlock
+from jaxrl.rollout.vllm_worker_process import describe_exit, start_worker_process, stop_worker
+from jaxrl.rollout.weight_format import WeightFormat
 
 __all__ = ["VllmWorkerEngine", "VllmWorkerError", "WeightSyncError"]
 
 log = logging.getLogger(__name__)
 
 _TIMEOUT_KEY = "actor_rollout_ref.rollout.update_weights_timeout_s"
-_ALIGN = 64  # byte alignment of every tensor in the shared-memory block
 _POLL_S = 0.5  # how often a waiting parent checks that the child is still alive
 _SHUTDOWN_GRACE_S = 30.0  # after the shutdown message, before terminate()
-_ENV_LOCK = threading.Lock()  # os.environ is swapped around Process.start(); one start at a time
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 _ATEXIT_REGISTERED = False
-_ST_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
 
 
 class VllmWorkerError(RuntimeError):
@@ -118,158 +113,60 @@ def _plain_cfg(section):
     return section
 
 
-def _np_dtype(name: str) -> np.dtype:
-    if name == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
-
-
-def _is_float(dt: np.dtype) -> bool:
-    return dt.kind == "f" or dt.name in ("bfloat16",)
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "is unreachable (its pipe closed) but still running"
-    if code < 0:
-        try:
-            return f"exited with code {code} (killed by signal {signal.Signals(-code).name})"
-        except ValueError:
-            return f"exited with code {code} (killed by signal {-code})"
-    return f"exited with code {code}"
-
-
-def _error_payload(e: BaseException) -> tuple[str, str, str]:
-    return type(e).__name__, str(e), "".join(traceback.format_exception(type(e), e, e.__traceback__))[-4000:]
-
-
-# ---------------------------------------------------------------------------------------------- the child
-def _worker_main(conn: multiprocessing.connection.Connection, spec: dict) -> None:
-    """Entry point of the child process: build a ``VllmEngine`` and serve requests until told to stop.
-
-    Protocol (tuples over ``conn``): parent -> child ``(seq, kind, payload)`` with kind ``"generate"``
-    (payload ``(prompts, SamplingParams, rng_seed)``), ``"load"`` (payload: the sync number; tensors are in the
-    shared block) or ``"shutdown"``; child -> parent ``(seq, "ok", result)`` or ``(seq, "error", (type name,
-    message, traceback))``. Start-up answers with seq 0: ``"ready"`` (engine facts) or ``"error"``.
-    """
-    engine = shm = None
-    views: list[tuple[str, np.ndarray]] = []
-    try:
-        try:
-            from flax import nnx
-
-            from jaxrl.models import parse_dtype
-            from jaxrl.models.hf import from_hf_tensors, load_hf_dir
-            from jaxrl.rollout.vllm_engine import VllmEngine
-
-            _, tensors = load_hf_dir(spec["model_dir"])
-            model = from_hf_tensors(spec["model_cfg"], tensors, param_dtype=parse_dtype(spec["param_dtype"]),
-                                    dtype=parse_dtype(spec["dtype"]))
-            del tensors
-            graphdef, state = nnx.split(model)
-            del model
-            pad = spec["pad_token_id"]
-            engine = VllmEngine(
-                spec["model_cfg"], graphdef, state, None if pad is None else SimpleNamespace(pad_token_id=pad),
-                rollout_cfg=spec["rollout_cfg"], max_prompt_length=spec["max_prompt_length"],
-                max_response_length=spec["max_response_length"], work_dir=spec["work_dir"],
-                sync_timeout_s=spec["sync_timeout_s"], **spec["engine_kwargs"],
-            )
-            del state
-            shm = SharedMemory(name=spec["shm_name"])
-            views = [(name, np.ndarray(shape, _np_dtype(dt), buffer=shm.buf, offset=off))
-                     for name, off, shape, dt in spec["layout"]]
-            conn.send((0, "ready", {"pad_token_id": int(engine.pad_token_id),
-                                    "eos_token_ids": tuple(int(e) for e in engine.eos_token_ids),
-                                    "engine_name": str(engine.engine_name), "pid": os.getpid()}))
-        except Exception as e:  # noqa: BLE001 - sent to the parent, which raises it
-            conn.send((0, "error", _error_payload(e)))
-            return
-        while True:
-            try:
-                seq, kind, payload = conn.recv()
-            except (EOFError, OSError):  # the parent is gone
-                return
-            try:
-                if kind == "generate":
-                    prompts, params, seed = payload
-                    result: Any = engine.generate(prompts, params, rng_seed=seed)
-                elif kind == "load":
-                    # Copy out first: the parent may overwrite the block as soon as this request is answered,
-                    # even if vLLM's own (timed-out) load is still reading in a background thread.
-                    engine.load_hf_weights({name: np.array(v, copy=True) for name, v in views})
-                    result = None
-                elif kind == "shutdown":
-                    engine.shutdown()
-                    engine = None
-                    conn.send((seq, "ok", None))
-                    return
-                else:
-                    raise ValueError(f"unknown request kind {kind!r}; expected 'generate', 'load' or 'shutdown'")
-                conn.send((seq, "ok", result))
-            except Exception as e:  # noqa: BLE001 - sent to the parent, which raises it
-                conn.send((seq, "error", _error_payload(e)))
-    finally:
-        views.clear()
-        if engine is not None:
-            try:
-                engine.shutdown()
-            except Exception:  # noqa: BLE001 - exiting anyway
-                log.exception("vLLM worker: engine shutdown failed")
-        if shm is not None:
-            try:
-                shm.close()
-            except BufferError:
-                pass
-        conn.close()
-
-
-# --------------------------------------------------------------------------------------------- the parent
-def _release(res: SimpleNamespace, grace_s: float) -> None:
-    """Stop the child (shutdown message, join, terminate, kill), close the pipe, unlink the shared memory and
-    remove the start-up model directory if it is still there. ``res`` holds ``proc``, ``conn``, ``shm``,
-    ``model_dir`` (each may be None)."""
-    proc, conn, shm = res.proc, res.conn, res.shm
-    try:
-        if proc is not None and proc.is_alive():
-            try:
-                conn.send((-1, "shutdown", None))
-            except (OSError, ValueError, AttributeError):
-                pass
-            proc.join(grace_s)
-            if proc.is_alive():
-                log.warning("vLLM worker pid %s did not exit within %.0f s; terminating it", proc.pid, grace_s)
-                proc.terminate()
-                proc.join(5.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5.0)
-        elif proc is not None and proc.pid is not None:
-            proc.join(0)  # reap
-    finally:
-        if conn is not None:
-            conn.close()
-        if shm is not None:
-            try:
-                shm.close()
-            except BufferError:  # numpy views still alive (interpreter exit); the mapping dies with the process
-                pass
-            try:
-                shm.unlink()
-            except FileNotFoundError:
-                pass
-        if res.model_dir is not None:
-            shutil.rmtree(res.model_dir, ignore_errors=True)
-
-
 def _shutdown_all() -> None:
     for engine in list(_LIVE):
         try:
             engine.shutdown()
         except Exception:  # noqa: BLE001 - interpreter exit
             log.exception("shutting down a vLLM worker at exit failed")
+
+
+def _register_for_exit(engine: "VllmWorkerEngine") -> None:
+    global _ATEXIT_REGISTERED
+    if not _ATEXIT_REGISTERED:  # registered after multiprocessing's own hook, so it runs before its join
+        atexit.register(_shutdown_all)
+        _ATEXIT_REGISTERED = True
+    _LIVE.add(engine)
+
+
+def _checked_args(max_prompt_length, max_response_length, sync_timeout_s, rollout_cfg, env, start_timeout_s,
+                  engine_kwargs) -> tuple[float, dict[str, str], object]:
+    """Validate the constructor's arguments; returns ``(sync timeout s, env, rollout_cfg as it pickles)``.
+
+    Raises:
+      ValueError: the first bad argument (named).
+    """
+    for name, v in (("max_prompt_length", max_prompt_length), ("max_response_length", max_response_length)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name}={v!r} must be an int >= 1")
+    timeout = sync_timeout_s if sync_timeout_s is not None else _cfg_get(rollout_cfg, "update_weights_timeout_s", 600.0)
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not (timeout > 0 and math.isfinite(timeout)):
+        raise ValueError(f"sync timeout {timeout!r} must be a finite number of seconds > 0 ({_TIMEOUT_KEY})")
+    if (not isinstance(start_timeout_s, (int, float)) or isinstance(start_timeout_s, bool)
+            or not (start_timeout_s > 0 and math.isfinite(start_timeout_s))):
+        raise ValueError(f"start_timeout_s={start_timeout_s!r} must be a finite number of seconds > 0")
+    env = dict(env or {})
+    bad_env = [(k, v) for k, v in env.items() if not isinstance(k, str) or not isinstance(v, str) or not k]
+    if bad_env:
+        raise ValueError(f"env must map non-empty str names to str values; bad entries {bad_env[:5]}")
+    rollout_cfg = _plain_cfg(rollout_cfg)
+    try:
+        pickle.dumps(engine_kwargs)
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"engine_kwargs {sorted(engine_kwargs)} cannot be sent to the worker process: {e}") from e
+    return float(timeout), env, rollout_cfg
+
+
+def _write_start_checkpoint(model_cfg, graphdef, params, model_dir: Path) -> tuple[str, str]:
+    """Write the initial policy as a Hugging Face directory; returns its ``(param dtype, compute dtype)`` names."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxrl.models.hf import save_hf
+
+    model = nnx.merge(graphdef, params)
+    save_hf(model, model_cfg, model_dir)
+    return jnp.dtype(model.param_dtype).name, jnp.dtype(model.dtype).name
 
 
 class VllmWorkerEngine:
@@ -316,41 +213,15 @@ class VllmWorkerEngine:
         start_timeout_s: float = 900.0,
         **engine_kwargs,
     ) -> None:
-        for name, v in (("max_prompt_length", max_prompt_length), ("max_response_length", max_response_length)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name}={v!r} must be an int >= 1")
-        timeout = (sync_timeout_s if sync_timeout_s is not None
-                   else _cfg_get(rollout_cfg, "update_weights_timeout_s", 600.0))
-        if (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
-                or not (timeout > 0 and math.isfinite(timeout))):
-            raise ValueError(f"sync timeout {timeout!r} must be a finite number of seconds > 0 ({_TIMEOUT_KEY})")
-        if (not isinstance(start_timeout_s, (int, float)) or isinstance(start_timeout_s, bool)
-                or not (start_timeout_s > 0 and math.isfinite(start_timeout_s))):
-            raise ValueError(f"start_timeout_s={start_timeout_s!r} must be a finite number of seconds > 0")
-        env = dict(env or {})
-        bad_env = [(k, v) for k, v in env.items() if not isinstance(k, str) or not isinstance(v, str) or not k]
-        if bad_env:
-            raise ValueError(f"env must map non-empty str names to str values; bad entries {bad_env[:5]}")
-        rollout_cfg = _plain_cfg(rollout_cfg)
-        try:
-            pickle.dumps(engine_kwargs)
-        except Exception as e:  # noqa: BLE001
-            raise ValueError(f"engine_kwargs {sorted(engine_kwargs)} cannot be sent to the worker process: {e}") from e
-
-        import jax.numpy as jnp
-        from flax import nnx
-        from safetensors import safe_open
-
-        from jaxrl.models.hf import save_hf
-
+        timeout, env, rollout_cfg = _checked_args(max_prompt_length, max_response_length, sync_timeout_s, rollout_cfg,
+                                                  env, start_timeout_s, engine_kwargs)
         self.model_cfg = model_cfg
         self.max_prompt_length = max_prompt_length
         self.max_response_length = max_response_length
-        self.sync_timeout_s = float(timeout)
+        self.sync_timeout_s = timeout
+        self.weight_format = WeightFormat.hf_on_host()
         self.num_syncs = 0
         self.last_sync_bytes = 0
-        self._graphdef = graphdef
-        self._signature = _leaf_signature(params)
         self._lock = threading.Lock()
         self._seq = 0
         self._late: set[int] = set()  # requests whose replies we stopped waiting for (timed-out syncs)
@@ -361,68 +232,38 @@ class VllmWorkerEngine:
         self.pid: int | None = None
         self.engine_name = "vllm worker (starting)"
 
+        # The start-up checkpoint (the child rebuilds the policy from it) fixes the weight block's layout.
         work = Path(work_dir)
         init_dir = work / "vllm_worker_init_model"
-        model = nnx.merge(graphdef, params)
-        save_hf(model, model_cfg, init_dir)
-        param_dtype, compute_dtype = jnp.dtype(model.param_dtype).name, jnp.dtype(model.dtype).name
-        del model
-        layout, offset = [], 0
-        with safe_open(str(init_dir / "model.safetensors"), framework="np") as f:
-            for name in f.keys():
-                sl = f.get_slice(name)
-                st = sl.get_dtype()
-                if st not in _ST_DTYPES:
-                    raise ValueError(f"tensor {name} has dtype {st}; the worker's weight block supports "
-                                     f"{sorted(_ST_DTYPES)}")
-                shape, dt = tuple(int(s) for s in sl.get_shape()), _ST_DTYPES[st]
-                layout.append((name, offset, shape, dt))
-                nbytes = int(np.prod(shape, dtype=np.int64)) * _np_dtype(dt).itemsize
-                offset += -(-nbytes // _ALIGN) * _ALIGN
-        self._layout = layout
-        self._block_bytes = max(offset, 1)
-        shm = SharedMemory(create=True, size=self._block_bytes)
-        self.shm_name = shm.name
+        param_dtype, compute_dtype = _write_start_checkpoint(model_cfg, graphdef, params, init_dir)
+        self._block = WeightBlock.create(init_dir / "model.safetensors")
+        self.shm_name = self._block.name
         # Everything the cleanup needs, without a reference to self (so that garbage collection can run it).
-        self._res = SimpleNamespace(proc=None, conn=None, shm=shm, model_dir=init_dir)
-        self._finalizer = weakref.finalize(self, _release, self._res, _SHUTDOWN_GRACE_S)
-        self._views = {name: np.ndarray(shape, _np_dtype(dt), buffer=shm.buf, offset=off)
-                       for name, off, shape, dt in layout}
+        self._res = SimpleNamespace(proc=None, conn=None, block=self._block, model_dir=init_dir)
+        self._finalizer = weakref.finalize(self, stop_worker, self._res, _SHUTDOWN_GRACE_S)
 
-        ctx = multiprocessing.get_context("spawn")
-        parent_conn, child_conn = ctx.Pipe(duplex=True)
         pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
         spec = dict(
             model_dir=str(init_dir), model_cfg=model_cfg, param_dtype=param_dtype, dtype=compute_dtype,
             pad_token_id=None if pad is None else int(pad), rollout_cfg=rollout_cfg,
             max_prompt_length=max_prompt_length, max_response_length=max_response_length, work_dir=str(work),
-            sync_timeout_s=self.sync_timeout_s, engine_kwargs=engine_kwargs, shm_name=shm.name, layout=layout,
+            sync_timeout_s=self.sync_timeout_s, engine_kwargs=engine_kwargs, shm_name=self._block.name,
+            layout=self._block.layout,
         )
-        proc = ctx.Process(target=_worker_main, args=(child_conn, spec), name="jaxrl-vllm-worker", daemon=False)
-        child_env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "JAX_PLATFORMS": "cpu", **env}
-        with _ENV_LOCK:  # spawn's child inherits os.environ as it is during start()
-            saved = {k: os.environ.get(k) for k in child_env}
-            os.environ.update(child_env)
-            try:
-                proc.start()
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
-        child_conn.close()  # so that the child's death shows up as EOF here
-        self._proc, self._conn, self.pid = proc, parent_conn, proc.pid
-        self._res.proc, self._res.conn = proc, parent_conn
-        global _ATEXIT_REGISTERED
-        if not _ATEXIT_REGISTERED:  # registered after multiprocessing's own hook, so it runs before its join
-            atexit.register(_shutdown_all)
-            _ATEXIT_REGISTERED = True
-        _LIVE.add(self)
+        proc, self._conn = start_worker_process(spec, env)
+        self._proc, self.pid = proc, proc.pid
+        self._res.proc, self._res.conn = proc, self._conn
+        _register_for_exit(self)
+        self._await_ready(float(start_timeout_s))
+        shutil.rmtree(init_dir, ignore_errors=True)  # the child's engine wrote its own copy
+        self._res.model_dir = None
 
+    def _await_ready(self, start_timeout_s: float) -> None:
+        """Wait for the child's start-up answer; on failure stop it and raise :class:`VllmWorkerError`."""
+        proc = self._proc
         t0 = time.monotonic()
         try:
-            reply = self._next_reply(t0 + float(start_timeout_s))
+            reply = self._next_reply(t0 + start_timeout_s)
         except _WorkerDied as e:
             self._abort_start()
             raise VllmWorkerError(f"the vLLM worker process (pid {proc.pid}) died while starting: {e}") from None
@@ -436,24 +277,21 @@ class VllmWorkerEngine:
             kind, msg, tb = payload
             raise VllmWorkerError(f"the vLLM worker process (pid {proc.pid}) failed to start: {kind}: {msg}\n"
                                   f"--- worker traceback ---\n{tb}")
-        shutil.rmtree(init_dir, ignore_errors=True)  # the child's engine wrote its own copy
-        self._res.model_dir = None
         self.pad_token_id = int(payload["pad_token_id"])
         self.eos_token_ids = tuple(payload["eos_token_ids"])
         self.engine_name = f"vllm worker pid {proc.pid}: {payload['engine_name']}"
         log.info("started %s in %.1f s (weight block %.1f MiB)", self.engine_name, time.monotonic() - t0,
-                 self._block_bytes / 2**20)
+                 self._block.nbytes / 2**20)
 
     # ------------------------------------------------------------------ plumbing
     def _abort_start(self) -> None:
         self._closed = True
-        self._views = {}
         self._finalizer()
 
     def _mark_dead(self) -> str:
         proc = self._proc
         proc.join(5.0)
-        self._dead = f"the vLLM worker process (pid {proc.pid}) {_describe_exit(proc.exitcode)}"
+        self._dead = f"the vLLM worker process (pid {proc.pid}) {describe_exit(proc.exitcode)}"
         return self._dead
 
     def _next_reply(self, deadline: float | None):
@@ -528,17 +366,19 @@ class VllmWorkerEngine:
         raise VllmWorkerError(f"{text}\n--- worker traceback ---\n{tb}")
 
     # ------------------------------------------------------------------ weights
-    def update_weights(self, params) -> None:
+    def update_weights(self, tensors) -> None:
         """Load new policy weights into the worker's vLLM through the shared-memory block.
 
+        Called by :meth:`jaxrl.rollout.weight_sync.WeightSync.sync`, which lands the tensors on the host with the
+        translator's ``"hf"`` plan.
+
         Args:
-          params: either an ``nnx.State`` with exactly the leaves (paths, shapes, dtypes) of the initial one
-            (converted with ``to_hf_tensors(nnx.merge(graphdef, params))``), or a mapping ``{hf_name: array}``
-            (numpy or jax arrays, e.g. from the sharding translator's HF target) with exactly the initial
-            checkpoint's names and shapes. Floating arrays are cast to the block's dtype (the initial
-            checkpoint's, e.g. float32).
+          tensors: ``{hf_name: array}`` in host memory (numpy arrays or jax arrays on a CPU device: the engine's
+            ``weight_format``) with exactly the initial checkpoint's names and shapes. Floating arrays are cast to
+            the block's dtype (the initial checkpoint's, e.g. float32).
         Raises:
-          TypeError: ``params`` is neither an ``nnx.State`` nor a mapping.
+          WeightFormatError: another format (an ``nnx.State``, not a mapping, arrays on an accelerator); nothing
+            is written or sent.
           WeightSyncError (the message names the sync number and the engine):
             * names/shapes/dtype kind differ: nothing is written or sent; the worker keeps its weights;
             * the sync took longer than ``sync_timeout_s`` (key ``actor_rollout_ref.rollout.update_weights_timeout_s``):
@@ -554,6 +394,7 @@ class VllmWorkerEngine:
             self._check_open()
             if self._dead is not None:
                 raise WeightSyncError(f"{where}: refused, {self._dead}; restart the run")
+            self.weight_format.check(tensors, self.engine_name)
             timeout = float(self.sync_timeout_s)
             try:
                 if not self._drain_late(time.monotonic() + timeout):
@@ -561,12 +402,7 @@ class VllmWorkerEngine:
                         f"{where}: the previous sync (timed out) is still running in the worker after another "
                         f"{timeout:g} s ({_TIMEOUT_KEY}); the worker looks stuck, restart the run")
                 t0 = time.monotonic()
-                tensors = self._hf_tensors(params, where)
-                nbytes = 0
-                for name, arr in tensors.items():
-                    view = self._views[name]
-                    np.copyto(view, arr, casting="unsafe")
-                    nbytes += view.nbytes
+                nbytes = self._block.write(self._block.check(tensors, where))
                 self.last_sync_bytes = nbytes
                 seq = self._send("load", sync)
                 reply = self._reply_to(seq, t0 + timeout)
@@ -584,48 +420,6 @@ class VllmWorkerEngine:
             self.num_syncs = sync
             self._pending = None
             log.debug("%s: %.1f MiB in %.2f s", where, nbytes / 2**20, time.monotonic() - t0)
-
-    def load_hf_weights(self, tensors: Mapping[str, Any]) -> None:
-        """Same as :meth:`update_weights` with a ``{hf_name: array}`` mapping (``VllmEngine`` parity)."""
-        if not isinstance(tensors, Mapping):
-            raise TypeError(f"tensors must be a mapping {{hf_name: array}}, got {type(tensors).__name__}")
-        self.update_weights(tensors)
-
-    def _hf_tensors(self, params, where: str) -> dict[str, np.ndarray]:
-        """Validate ``params`` and return ``{hf_name: np.ndarray}`` matching the block layout (nothing sent)."""
-        from flax import nnx
-
-        if isinstance(params, nnx.State):
-            mismatch = _tree_mismatch(self._signature, params)
-            if mismatch:
-                raise WeightSyncError(
-                    f"{where}: parameter tree differs from the engine's ({mismatch}); nothing was sent, the worker "
-                    "keeps its previous weights")
-            from jaxrl.models.hf import to_hf_tensors
-
-            return to_hf_tensors(nnx.merge(self._graphdef, params))
-        if not isinstance(params, Mapping):
-            raise TypeError(f"params must be an nnx.State or a mapping {{hf_name: array}}, got {type(params).__name__}")
-        missing = sorted(set(self._views) - set(params))
-        extra = sorted(str(k) for k in set(params) - set(self._views))
-        wrong, kinds = [], []
-        for name, view in self._views.items():
-            if name not in params:
-                continue
-            a = params[name]
-            shape = tuple(np.shape(a))
-            if shape != view.shape:
-                wrong.append(f"{name}: expected {view.shape}, got {shape}")
-            dt = getattr(a, "dtype", None)
-            dt = np.dtype(dt) if dt is not None else np.asarray(a).dtype
-            if not _is_float(dt):
-                kinds.append(f"{name}: {dt.name} (expected a float dtype; stored as {view.dtype.name})")
-        if missing or extra or wrong or kinds:
-            raise WeightSyncError(
-                f"{where}: the tensors do not match the worker's checkpoint (missing {missing[:5]}, unexpected "
-                f"{extra[:5]}, wrong shapes {wrong[:5]}, wrong dtypes {kinds[:5]}); nothing was sent, the worker "
-                "keeps its previous weights")
-        return {name: np.asarray(params[name]) for name in self._views}
 
     # ------------------------------------------------------------------ generation
     def generate(
@@ -688,7 +482,6 @@ class VllmWorkerEngine:
         if self._closed:
             return
         self._closed = True
-        self._views = {}  # numpy views must go before the block can be closed
         _LIVE.discard(self)
         self._finalizer()
 

@@ -1,4 +1,4 @@
-"""Where the roles run: the train mesh, the rollout engine's mesh, and the weight translator between them.
+"""Where the roles run: the train mesh and the rollout engine's mesh.
 
 A :class:`Placement` is built once per run from the config (:func:`placement_from_config`); ``None`` means no
 mesh: every role on one device, the single-device run. With a placement:
@@ -10,9 +10,11 @@ mesh: every role on one device, the single-device run. With a placement:
   ``tp = actor_rollout_ref.rollout.tensor_model_parallel_size``; weights laid out by
   :data:`sharding.rules.TENSOR_PARALLEL_RULES` (tensor-parallel, replicated over ``data``), generated rows split
   over ``data``;
-* ``kind="colocated"``: both meshes over the same devices, in the same order (the translator reshards with one
-  jitted collective program); ``kind="split"``: the rollout engine gets the last ``trainer.rollout_devices``
-  devices of ``jax.devices()`` and the train mesh the rest (the translator copies shard pieces device to device).
+* ``kind="colocated"``: both meshes over the same devices, in the same order (the weight sync's translator
+  reshards with one jitted collective program); ``kind="split"``: the rollout engine gets the last
+  ``trainer.rollout_devices`` devices of ``jax.devices()`` and the train mesh the rest (the translator copies shard
+  pieces device to device). The weights cross from one mesh to the other only through
+  :class:`jaxrl.rollout.weight_sync.WeightSync`, which picks its translator from the engine's declared format.
 
 Device counts are checked here, not in the config loader (which never imports jax). Multi-host: ``jax.devices()``
 lists every process's devices, so the meshes span all hosts (split placement moves weights only within a
@@ -33,9 +35,6 @@ from jaxrl.config.loader import ConfigError, check_mesh_batch_sizes, mesh_enable
 from sharding import (
     DEFAULT_RULES,
     TENSOR_PARALLEL_RULES,
-    TargetSpec,
-    Translator,
-    build_plan,
     logical_to_pspec,
     make_mesh,
     param_shardings,
@@ -49,7 +48,6 @@ __all__ = [
     "PLACEMENTS",
     "Placement",
     "batch_shards",
-    "build_translator",
     "jit_sharded",
     "make_placement",
     "placement_from_config",
@@ -169,39 +167,6 @@ def shard_tree(tree: Any, mesh: Mesh, rules: Rules) -> tuple[Any, Any]:
     """
     shardings = param_shardings(tree, mesh, rules)
     return shard_state(tree, shardings), shardings
-
-
-def build_translator(params: Any, placement: Placement) -> Translator:
-    """The train -> sampler weight translator: a ``"jax"`` target plan on ``placement.rollout_mesh`` with
-    ``placement.rollout_rules`` (same tree, names and dtypes as ``params``).
-
-    Args:
-      params: the actor's ``nnx.State`` as placed on the train mesh (its layout selects the compiled program).
-
-    Raises:
-      ValueError: an empty or incomplete plan (:func:`sharding.translator.validate_plan`).
-    """
-    target = TargetSpec("jax", mesh=placement.rollout_mesh, rules=placement.rollout_rules)
-    return Translator(build_plan(params, target))
-
-
-def build_hf_translator(params: Any, model_cfg, *, host: bool = False) -> Translator:
-    """The train -> vLLM weight translator: an ``"hf"`` target plan (whole Hugging Face checkpoint tensors).
-
-    Args:
-      params: the actor's ``nnx.State`` as placed for training (any mesh, or one device).
-      model_cfg: the policy's :class:`jaxrl.models.ModelConfig` (head counts, tied embeddings).
-      host: True = land the tensors on the host CPU device (vLLM in another process reads them from host memory);
-        False = on ``jax.devices()[0]``, the device an in-process vLLM's rank 0 uses in a colocated run, handed over
-        by DLPack without a copy.
-
-    Raises:
-      ValueError: an empty or incomplete plan (:func:`sharding.translator.validate_plan`).
-    """
-    from sharding import ModelInfo
-
-    device = jax.devices("cpu")[0] if host else jax.devices()[0]
-    return Translator(build_plan(params, TargetSpec("hf", devices=[device]), ModelInfo.from_config(model_cfg)))
 
 
 def _device_error(what: str, n_needed: int | None, err: Exception | str) -> ConfigError:

@@ -23,7 +23,9 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from jaxrl.models.decoder import Decoder  # noqa: E402
-from jaxrl.rollout import JaxSampler, RolloutEngine, SamplingParams  # noqa: E402
+from jaxrl.models.hf import to_hf_tensors  # noqa: E402
+from jaxrl.rollout import JaxSampler, RolloutEngine, SamplingParams, WeightSync  # noqa: E402
+from jaxrl.rollout.base import WeightFormatError  # noqa: E402
 from jaxrl.rollout.vllm_engine import VllmEngine, WeightSyncError  # noqa: E402
 from vllm_tiny import BOS, EOS, P, PAD, PROMPTS, R  # noqa: E402
 from vllm_tiny import assert_same_rollout, recompute_log_probs, scaled, tiny_cfg  # noqa: E402
@@ -40,35 +42,35 @@ def tiny(request, tmp_path_factory):
         cfg, graphdef, state, None, rollout_cfg={"seed": 0, "update_weights_timeout_s": 120.0},
         max_prompt_length=P, max_response_length=R, work_dir=tmp_path_factory.mktemp(request.param),
     )
-    yield cfg, graphdef, state, sampler, engine
+    yield cfg, graphdef, state, sampler, engine, WeightSync.for_engine(engine, state, model_cfg=cfg)
     engine.shutdown()
 
 
 def test_greedy_matches_jax_sampler_and_follows_weight_syncs(tiny):
-    cfg, graphdef, state, sampler, engine = tiny
+    cfg, graphdef, state, sampler, engine, sync = tiny
     assert isinstance(engine, RolloutEngine)
     greedy = SamplingParams(n=2, do_sample=False, max_new_tokens=R)
-    engine.update_weights(state)  # a sync of the initial weights (what the trainer does after resume)
+    sync.sync(state)  # a sync of the initial weights through WeightSync (what the trainer does after resume)
     v0, j0 = engine.generate(PROMPTS, greedy), sampler.generate(PROMPTS, greedy)
     assert v0.response_ids.shape == (6, R) and v0.prompt_ids.shape == (6, P)
     assert_same_rollout(v0, j0, logprob_atol=1e-4)
 
     new = scaled(state, 1.0, seed=7)  # another policy: the engine must not keep the old weights
-    engine.update_weights(new)
+    sync.sync(new)
     sampler.update_weights(new)
     v1, j1 = engine.generate(PROMPTS, greedy), sampler.generate(PROMPTS, greedy)
     assert_same_rollout(v1, j1, logprob_atol=1e-4)
     assert not np.array_equal(v1.response_ids, v0.response_ids)
     assert engine.num_syncs == 2
 
-    engine.update_weights(state)  # and back: identical to the first rollout (prefix cache was reset)
+    sync.sync(state)  # and back: identical to the first rollout (prefix cache was reset)
     sampler.update_weights(state)
     assert_same_rollout(engine.generate(PROMPTS, greedy), v0, logprob_atol=1e-5)
 
 
 def test_sampled_log_probs_match_trainer_recompute_and_seeds(tiny):
-    cfg, graphdef, state, sampler, engine = tiny
-    engine.update_weights(state)
+    cfg, graphdef, state, sampler, engine, sync = tiny
+    sync.sync(state)
     sp = SamplingParams(n=4, temperature=0.8, max_new_tokens=R)
     out = engine.generate(PROMPTS, sp, rng_seed=11)
     assert out.num_generated_tokens > 0
@@ -92,8 +94,8 @@ def test_sampled_log_probs_match_trainer_recompute_and_seeds(tiny):
 
 def test_top_k_log_probs_are_renormalised_over_the_kept_tokens(tiny):
     """Documented gap: with top-k on, vLLM's processed log-probs are >= jaxrl's un-truncated ones."""
-    cfg, graphdef, state, sampler, engine = tiny
-    engine.update_weights(state)
+    cfg, graphdef, state, sampler, engine, sync = tiny
+    sync.sync(state)
     out = engine.generate(PROMPTS, SamplingParams(n=2, temperature=1.0, top_k=3, max_new_tokens=R), rng_seed=3)
     ref = recompute_log_probs(graphdef, state, out, temperature=1.0)
     m = out.response_mask.astype(bool)
@@ -102,9 +104,9 @@ def test_top_k_log_probs_are_renormalised_over_the_kept_tokens(tiny):
 
 
 def test_bad_weights_and_timeouts_raise_clear_errors(tiny):
-    cfg, graphdef, state, sampler, engine = tiny
+    cfg, graphdef, state, sampler, engine, sync = tiny
     greedy = SamplingParams(do_sample=False, max_new_tokens=R)
-    engine.update_weights(state)
+    sync.sync(state)
     before = engine.generate(PROMPTS, greedy)
 
     def widen_final_norm(path, x):
@@ -113,7 +115,7 @@ def test_bad_weights_and_timeouts_raise_clear_errors(tiny):
 
     bad_state = jax.tree_util.tree_map_with_path(widen_final_norm, state)
     with pytest.raises(WeightSyncError, match=r"weight sync #\d+ into vllm .*norm.*keeps its previous weights"):
-        engine.update_weights(bad_state)
+        sync.sync(bad_state)
     hf = {"model.norm.weight": np.ones((cfg.hidden_size,), np.float32),
           "model.embed_tokens.weight": np.zeros((cfg.vocab_size + 3, cfg.hidden_size), np.float32)}
     with pytest.raises(WeightSyncError, match=r"failed: ValueError: .*wrong shapes \['model.embed_tokens.weight: "
@@ -123,16 +125,39 @@ def test_bad_weights_and_timeouts_raise_clear_errors(tiny):
 
     engine.sync_timeout_s = 1e-4
     with pytest.raises(WeightSyncError, match=r"did not finish within 0.0001 s"):
-        engine.update_weights(state)
+        sync.sync(state)
     with pytest.raises(WeightSyncError, match="timed out; refusing to generate"):
         engine.generate(PROMPTS, greedy)
     engine.sync_timeout_s = 120.0
-    engine.update_weights(state)  # waits for the timed-out sync, then recovers
+    sync.sync(state)  # waits for the timed-out sync, then recovers
+    assert_same_rollout(engine.generate(PROMPTS, greedy), before, logprob_atol=1e-5)
+
+
+def test_engine_accepts_only_hf_tensors_on_its_device(tiny):
+    """The in-process engine declares HF tensors on jax.devices()[0]; an nnx.State (the JAX layout), host numpy
+    arrays or a list are refused before anything reaches vLLM, and WeightSync turns the refusal into a
+    WeightSyncError naming the sync."""
+    cfg, graphdef, state, sampler, engine, sync = tiny
+    greedy = SamplingParams(do_sample=False, max_new_tokens=R)
+    sync.sync(state)
+    before, syncs = engine.generate(PROMPTS, greedy), engine.num_syncs
+    assert engine.weight_format.kind == "hf_device" and engine.weight_format.device == jax.devices()[0]
+    with pytest.raises(WeightFormatError, match=r"takes Hugging Face tensors .* on device .*got an nnx.State"):
+        engine.update_weights(state)
+    with pytest.raises(WeightFormatError, match=r"got tensors elsewhere: model.embed_tokens.weight as ndarray"):
+        engine.update_weights(to_hf_tensors(nnx.merge(graphdef, scaled(state, 1.0, seed=7))))
+    with pytest.raises(WeightFormatError, match="got a list"):
+        engine.update_weights([1, 2])
+    assert engine.num_syncs == syncs  # nothing was loaded
+    assert_same_rollout(engine.generate(PROMPTS, greedy), before, logprob_atol=1e-5)
+    on_device = {k: jnp.asarray(v) for k, v in to_hf_tensors(nnx.merge(graphdef, state)).items()}
+    engine.update_weights(on_device)  # the declared format (what WeightSync's "hf" plan makes): loaded
+    assert engine.num_syncs == syncs + 1
     assert_same_rollout(engine.generate(PROMPTS, greedy), before, logprob_atol=1e-5)
 
 
 def test_rejects_bad_requests(tiny):
-    cfg, graphdef, state, sampler, engine = tiny
+    cfg, graphdef, state, sampler, engine, sync = tiny
     with pytest.raises(ValueError, match="max_new_tokens=13 exceeds"):
         engine.generate(PROMPTS, SamplingParams(max_new_tokens=R + 1))
     with pytest.raises(ValueError, match="outside the vocabulary"):
@@ -145,9 +170,7 @@ def test_failure_inside_vllm_makes_the_engine_refuse_everything(tiny):
     """A tensor vLLM rejects mid-reload (simulated by skipping jaxrl's pre-check) leaves vLLM's layers half
     reloaded; the engine must then refuse generate and later syncs with a clear error instead of serving mixed
     weights. Runs last for its engine (the engine is unusable afterwards)."""
-    cfg, graphdef, state, sampler, engine = tiny
-    from jaxrl.models.hf import to_hf_tensors
-
+    cfg, graphdef, state, sampler, engine, sync = tiny
     hf = to_hf_tensors(nnx.merge(graphdef, state))
     hf["model.embed_tokens.weight"] = np.zeros((cfg.vocab_size + 3, cfg.hidden_size), np.float32)
     engine._check_hf = lambda where, tensors: None  # let the bad tensor reach vLLM
@@ -156,7 +179,7 @@ def test_failure_inside_vllm_makes_the_engine_refuse_everything(tiny):
     with pytest.raises(WeightSyncError, match="failed inside vLLM .* refusing to generate"):
         engine.generate(PROMPTS, SamplingParams(max_new_tokens=2))
     with pytest.raises(WeightSyncError, match="refused, .*failed inside vLLM"):
-        engine.update_weights(state)
+        sync.sync(state)
 
 
 # ------------------------------------------------------------------------------------------- real model
@@ -177,6 +200,7 @@ def test_smollm2_greedy_matches_jax_sampler_across_syncs(shared, tmp_path):
                          max_prompt_length=64)
     engine = VllmEngine(cfg, graphdef, state, tok, rollout_cfg={"seed": 0}, max_prompt_length=64,
                         max_response_length=16, work_dir=tmp_path)
+    sync = WeightSync.for_engine(engine, state, model_cfg=cfg)
     try:
         greedy = SamplingParams(do_sample=False, max_new_tokens=16)
         v0, j0 = engine.generate(prompts, greedy), sampler.generate(prompts, greedy)
@@ -186,7 +210,7 @@ def test_smollm2_greedy_matches_jax_sampler_across_syncs(shared, tmp_path):
         # Perturb every matrix by 2% noise: a different policy both engines must follow.
         new = scaled(state, 1.0, seed=5)
         new = jax.tree.map(lambda a, b: a + (b - a) * 0.066, state, new)
-        engine.update_weights(new)
+        sync.sync(new)
         sampler.update_weights(new)
         v1, j1 = engine.generate(prompts, greedy), sampler.generate(prompts, greedy)
         assert_same_rollout(v1, j1, logprob_atol=2e-3)
@@ -214,13 +238,14 @@ def test_tensor_parallel_2_follows_syncs(model_type, tmp_path, monkeypatch):
                                                  "update_weights_timeout_s": 300.0},
         max_prompt_length=P, max_response_length=R, work_dir=tmp_path,
     )
+    sync = WeightSync.for_engine(engine, state, model_cfg=cfg)
     try:
         assert "tp=2" in engine.engine_name
         greedy = SamplingParams(n=2, do_sample=False, max_new_tokens=R)
         assert_same_rollout(engine.generate(PROMPTS, greedy), sampler.generate(PROMPTS, greedy), logprob_atol=1e-4)
         new = scaled(state, 1.0, seed=7)
         before = engine.generate(PROMPTS, greedy)
-        engine.update_weights(new)
+        sync.sync(new)
         sampler.update_weights(new)
         after = engine.generate(PROMPTS, greedy)
         assert_same_rollout(after, sampler.generate(PROMPTS, greedy), logprob_atol=1e-4)

@@ -28,7 +28,8 @@ from flax import nnx  # noqa: E402
 
 from jaxrl.models.decoder import Decoder  # noqa: E402
 from jaxrl.models.hf import to_hf_tensors  # noqa: E402
-from jaxrl.rollout import JaxSampler, RolloutEngine, SamplingParams  # noqa: E402
+from jaxrl.rollout import JaxSampler, RolloutEngine, SamplingParams, WeightSync  # noqa: E402
+from jaxrl.rollout.base import WeightFormatError  # noqa: E402
 from jaxrl.rollout.vllm_worker import VllmWorkerEngine, VllmWorkerError, WeightSyncError  # noqa: E402
 from vllm_tiny import BOS, EOS, P, PAD, PROMPTS, R  # noqa: E402
 from vllm_tiny import assert_same_rollout, recompute_log_probs, scaled, tiny_cfg  # noqa: E402
@@ -67,7 +68,14 @@ def worker(setup, tmp_path_factory):
     engine.shutdown()
 
 
-def test_greedy_matches_jax_sampler_and_follows_weight_syncs(setup, worker):
+@pytest.fixture(scope="module")
+def sync(setup, worker):
+    """The worker behind its WeightSync: the translator's "hf" plan lands the tensors on the host."""
+    cfg, graphdef, state, _ = setup
+    return WeightSync.for_engine(worker, state, model_cfg=cfg)
+
+
+def test_greedy_matches_jax_sampler_and_follows_weight_syncs(setup, worker, sync):
     cfg, graphdef, state, sampler = setup
     assert isinstance(worker, RolloutEngine)
     assert worker.pid != os.getpid() and worker.is_alive() and worker.pad_token_id == PAD
@@ -78,7 +86,7 @@ def test_greedy_matches_jax_sampler_and_follows_weight_syncs(setup, worker):
     assert_same_rollout(v0, j0, logprob_atol=1e-4)
 
     new = scaled(state, 1.0, seed=7)  # another policy: the worker must not keep the old weights
-    worker.update_weights(new)  # nnx.State path
+    report = sync.sync(new)  # through WeightSync: the "hf" plan onto the host, then the shared block
     sampler.update_weights(new)
     v1, j1 = worker.generate(PROMPTS, GREEDY), sampler.generate(PROMPTS, GREEDY)
     assert_same_rollout(v1, j1, logprob_atol=1e-4)
@@ -86,6 +94,7 @@ def test_greedy_matches_jax_sampler_and_follows_weight_syncs(setup, worker):
     assert worker.num_syncs == 1
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state))
     assert worker.last_sync_bytes == 4 * n_params  # float32, every tensor once
+    assert report.num_tensors == len(to_hf_tensors(nnx.merge(graphdef, state))) and report.seconds > 0
 
     # And back through the mapping path with jax arrays: identical to the first rollout.
     hf = {k: jnp.asarray(v) for k, v in to_hf_tensors(nnx.merge(graphdef, state)).items()}
@@ -110,7 +119,7 @@ def test_sampled_log_probs_match_jax_sampler_and_trainer_recompute(setup, worker
     assert not np.array_equal(worker.generate(PROMPTS, sp, rng_seed=12).response_ids, out.response_ids)
 
 
-def test_bad_requests_fail_fast_in_the_parent(worker):
+def test_bad_requests_fail_fast_in_the_parent(setup, worker):
     with pytest.raises(ValueError, match="max_new_tokens=13 exceeds"):
         worker.generate(PROMPTS, SamplingParams(max_new_tokens=R + 1))
     with pytest.raises(ValueError, match="outside the vocabulary"):
@@ -119,11 +128,13 @@ def test_bad_requests_fail_fast_in_the_parent(worker):
         worker.generate(PROMPTS, SamplingParams(max_new_tokens=2), rng_seed=-1)
     with pytest.raises(TypeError, match="SamplingParams"):
         worker.generate(PROMPTS, {"max_new_tokens": 2})
-    with pytest.raises(TypeError, match="nnx.State or a mapping"):
+    with pytest.raises(TypeError, match=r"takes Hugging Face tensors \{hf_name: array\} in host memory; got a list"):
         worker.update_weights([1, 2, 3])
+    with pytest.raises(WeightFormatError, match=r"in host memory; got an nnx.State"):  # the JAX layout: refused
+        worker.update_weights(setup[2])
 
 
-def test_bad_weights_raise_and_the_worker_keeps_working(setup, worker):
+def test_bad_weights_raise_and_the_worker_keeps_working(setup, worker, sync):
     cfg, graphdef, state, sampler = setup
     before = worker.generate(PROMPTS, GREEDY)
     syncs, sent = worker.num_syncs, worker.last_sync_bytes
@@ -147,24 +158,24 @@ def test_bad_weights_raise_and_the_worker_keeps_working(setup, worker):
         return jnp.zeros((cfg.hidden_size + 1,), x.dtype) if "norm" in key and "layers" not in key else x
 
     with pytest.raises(WeightSyncError, match=r"parameter tree differs.*norm.*keeps its previous weights"):
-        worker.update_weights(jax.tree_util.tree_map_with_path(widen_final_norm, state))
+        sync.sync(jax.tree_util.tree_map_with_path(widen_final_norm, state))
     assert (worker.num_syncs, worker.last_sync_bytes) == (syncs, sent)
     assert_same_rollout(worker.generate(PROMPTS, GREEDY), before, logprob_atol=1e-5)
 
 
-def test_sync_timeout_refuses_generate_until_a_sync_succeeds(setup, worker, caplog):
+def test_sync_timeout_refuses_generate_until_a_sync_succeeds(setup, worker, sync, caplog):
     cfg, graphdef, state, sampler = setup
     before = worker.generate(PROMPTS, GREEDY)
     syncs = worker.num_syncs
     worker.sync_timeout_s = 1e-3  # conversion alone takes longer; the child's reload takes far longer
     with pytest.raises(WeightSyncError, match=rf"did not finish within 0.001 s \({KEY}\)"):
-        worker.update_weights(scaled(state, 1.0, seed=3))
+        sync.sync(scaled(state, 1.0, seed=3))
     assert worker.num_syncs == syncs
     with pytest.raises(WeightSyncError, match="timed out; refusing to generate"):
         worker.generate(PROMPTS, GREEDY)
     worker.sync_timeout_s = 120.0
     with caplog.at_level(logging.INFO, logger="jaxrl.rollout.vllm_worker"):
-        worker.update_weights(state)  # waits for the late sync, then loads the original weights again
+        sync.sync(state)  # waits for the late sync, then loads the original weights again
     assert "finished late" in caplog.text  # the timed-out load really was still running in the child
     assert worker.num_syncs == syncs + 1
     assert_same_rollout(worker.generate(PROMPTS, GREEDY), before, logprob_atol=1e-5)
@@ -218,7 +229,7 @@ def test_killed_child_is_reported_with_its_exit_code(setup, tmp_path):
                                                   r"SIGKILL\).*restart the run"):
             engine.generate(PROMPTS, GREEDY)
         with pytest.raises(WeightSyncError, match=r"refused, .*exited with code -9"):
-            engine.update_weights(state)
+            WeightSync.for_engine(engine, state, model_cfg=cfg).sync(state)
         assert not engine.is_alive()
     finally:
         engine.shutdown()

