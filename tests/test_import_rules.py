@@ -1,0 +1,114 @@
+"""The import rules of docs/architecture.md ("Import rules"), checked on the source (every ``import``, also those
+inside functions) and, for the "no jax" rules, on a real interpreter's ``sys.modules``."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+STDLIB = set(sys.stdlib_module_names) | {"__future__"}
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Absolute dotted names imported anywhere in ``path`` (relative imports resolved)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = _module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out.add(mod)
+            out.update(f"{mod}.{a.name}" for a in node.names)  # `from jaxrl import trainer` imports jaxrl.trainer
+    return out
+
+
+def _modules(package: str) -> dict[str, set[str]]:
+    return {_module_name(p): _imports(p) for p in sorted((ROOT / package.replace(".", "/")).rglob("*.py"))}
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def test_sharding_never_imports_jaxrl():
+    bad = {m: sorted(i for i in imps if _top(i) == "jaxrl") for m, imps in _modules("sharding").items()}
+    assert not {m: v for m, v in bad.items() if v}
+
+
+def test_algorithms_import_only_jax_and_numpy_and_the_registry_only_the_standard_library():
+    allowed = STDLIB | {"jax", "numpy", "jaxrl"}
+    for mod, imps in _modules("jaxrl.algorithms").items():
+        outside = sorted(i for i in imps if _top(i) not in allowed)
+        assert not outside, (mod, outside)
+        other_jaxrl = sorted(i for i in imps if _top(i) == "jaxrl" and not _under(i, "jaxrl.algorithms"))
+        assert not other_jaxrl, (mod, other_jaxrl)
+    registry = _imports(ROOT / "jaxrl/algorithms/registry.py")
+    assert {_top(i) for i in registry} <= STDLIB, sorted(registry)
+
+
+def test_rollout_engines_never_import_the_controller_or_the_roles():
+    forbidden = ("jaxrl.trainer", "jaxrl.workers", "jaxrl.build", "jaxrl.experience", "jaxrl.run_checkpoint")
+    for mod, imps in _modules("jaxrl.rollout").items():
+        bad = sorted(i for i in imps for f in forbidden if _under(i, f))
+        assert not bad, (mod, bad)
+        if not mod.split(".")[-1].startswith("vllm"):  # vLLM and torch only inside the vLLM engines
+            assert not {_top(i) for i in imps} & {"torch", "vllm"} or mod.endswith("factory"), (mod, sorted(imps))
+
+
+def test_only_the_cli_imports_the_trainer_and_the_trainer_imports_no_role():
+    importers = sorted(m for pkg in ("jaxrl", "sharding") for m, imps in _modules(pkg).items()
+                       if m != "jaxrl.trainer" and any(_under(i, "jaxrl.trainer") for i in imps))
+    assert importers == ["jaxrl.train"]
+    trainer = _imports(ROOT / "jaxrl/trainer.py")
+    assert not [i for i in trainer if _under(i, "jaxrl.workers")]
+
+
+def test_roles_never_import_the_controller():
+    forbidden = ("jaxrl.trainer", "jaxrl.build", "jaxrl.experience", "jaxrl.run_checkpoint")
+    for mod, imps in _modules("jaxrl.workers").items():
+        assert not [i for i in imps for f in forbidden if _under(i, f)], mod
+
+
+@pytest.mark.parametrize("modules", [
+    ["jaxrl.config", "jaxrl.config.loader", "jaxrl.config.batch_plan", "jaxrl.algorithms.registry"],
+    ["jaxrl.rewards", "jaxrl.rewards.manager", "jaxrl.rewards.factory", "jaxrl.rewards.pool"],
+    ["jaxrl.data.sources", "jaxrl.data.prepare", "jaxrl.runlock", "jaxrl.paths", "jaxrl.checkpoint"],
+])
+def test_the_fast_path_imports_no_jax(modules):
+    """A bad config, custom reward file or data file fails in about a second: these modules (and loading and
+    validating a real config, with its algorithm registry) leave jax, flax and orbax unimported."""
+    code = "\n".join([
+        "import importlib, sys",
+        *[f"importlib.import_module({m!r})" for m in modules],
+        "from jaxrl.config.loader import load_config",
+        "load_config('configs/quickstart.yaml', ['algorithm.adv_estimator=rloo'])",
+        "heavy = sorted(m for m in ('jax', 'flax', 'orbax', 'torch') if m in sys.modules)",
+        "assert not heavy, heavy",
+    ])
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
