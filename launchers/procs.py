@@ -2,7 +2,7 @@
 
 Every child runs in its own session (its own process group), so stopping a host is `killpg` of the group
 this module started, and a terminal's Ctrl-C reaches only the launcher, which then decides what stops.
-SIGTERM to the launcher is turned into the same `Interrupted` exception as Ctrl-C (SIGINT).
+`raise_on_interrupt` turns the first Ctrl-C (SIGINT) or SIGTERM into an `Interrupted` exception.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
 
 STOP_GRACE_S = 2.0   # SIGTERM -> SIGKILL
 
@@ -26,30 +25,22 @@ class Interrupted(Exception):
         self.signum = signum
 
 
-@contextmanager
-def interrupts_raise():
-    """Inside: SIGINT and SIGTERM raise Interrupted in the main thread; the old handlers come back after."""
+def raise_on_interrupt(later_note: str) -> None:
+    """From now on the first SIGINT / SIGTERM raises Interrupted in the main thread; later ones only print
+    `later_note` (the launcher is already stopping hosts or deleting the TPU, which must not be cut short)."""
     def handler(signum, frame):
+        ignore_interrupts(later_note)
         raise Interrupted(signum)
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, handler)
 
 
-@contextmanager
-def interrupts_ignored(note: str):
-    """Inside: SIGINT / SIGTERM print `note` and are otherwise ignored (used while deleting the TPU)."""
+def ignore_interrupts(note: str) -> None:
+    """From now on SIGINT / SIGTERM only print `note` (SIGQUIT, Ctrl-\\, still ends the launcher)."""
     def handler(signum, frame):
         print(note, file=sys.stderr, flush=True)
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, handler)
 
 
 def exit_code(returncode: int) -> int:

@@ -113,10 +113,10 @@ def pod_of(args: argparse.Namespace) -> Pod:
 # ---- delete ---------------------------------------------------------------------------------------------
 
 def delete(pod: Pod) -> int:
-    """Delete the pod; Ctrl-C / SIGTERM are ignored until gcloud returns (a half-deleted pod still costs)."""
+    """Delete the pod; from here on Ctrl-C / SIGTERM are ignored (a delete cut short can leave the pod up)."""
+    procs.ignore_interrupts(f"{PROG}: still deleting {pod.name}; wait for it (Ctrl-\\ quits, possibly leaving it up)")
     _say(f"deleting {pod.name} (Ctrl-C is ignored until the delete returns)")
-    with procs.interrupts_ignored(f"{PROG}: still deleting {pod.name}; wait for it"):
-        rc = procs.run(commands.delete_argv(pod)).returncode
+    rc = procs.run(commands.delete_argv(pod)).returncode
     if rc:
         _say(f"delete of {pod.name} failed (exit {rc}); check `gcloud compute tpus tpu-vm list --zone={pod.zone}` "
              f"and delete it by hand: it costs money while it exists")
@@ -139,15 +139,14 @@ def cmd_up(args, pod: Pod) -> int:
         return 0
     created = interrupted = False
     try:
-        with procs.interrupts_raise():
-            _say(f"creating {pod.name} ({pod.accelerator_type}, {topology.num_hosts(pod.accelerator_type)} hosts)")
-            rc = procs.run(create).returncode
-            if rc:
-                _say(f"create failed (exit {rc}); if a node was left behind: {_down_hint(pod)}")
-                return rc
-            created = True
-            if pod.queued:
-                rc = _wait_active(pod, args.timeout, args.poll_interval)
+        _say(f"creating {pod.name} ({pod.accelerator_type}, {topology.num_hosts(pod.accelerator_type)} hosts)")
+        rc = procs.run(create).returncode
+        if rc:
+            _say(f"create failed (exit {rc}); if a node was left behind: {_down_hint(pod)}")
+            return rc
+        created = True
+        if pod.queued:
+            rc = _wait_active(pod, args.timeout, args.poll_interval)
     except procs.Interrupted as e:
         _say(f"interrupted ({e})")
         rc, interrupted = 128 + e.signum, True
@@ -201,12 +200,11 @@ def cmd_sync(args, pod: Pod) -> int:
             return 0
         tarball.build_tarball(args.source, Path(local), files)
         _say(f"sending {len(files)} files of {args.source} to every worker of {pod.name}")
-        with procs.interrupts_raise():
-            for argv in steps:
-                rc = procs.run(argv).returncode
-                if rc:
-                    _say(f"sync failed (exit {rc}); {pod.name} is still up and costs money: {_down_hint(pod)}")
-                    return rc
+        for argv in steps:
+            rc = procs.run(argv).returncode
+            if rc:
+                _say(f"sync failed (exit {rc}); {pod.name} is still up and costs money: {_down_hint(pod)}")
+                return rc
         return 0
     except procs.Interrupted as e:
         _say(f"interrupted ({e}); {pod.name} is still up and costs money: {_down_hint(pod)}")
@@ -220,7 +218,10 @@ def _worker_ips(pod: Pod, expected: int) -> list[str]:
     res = procs.run(commands.describe_argv(pod), capture=True)
     if res.returncode:
         raise RuntimeError(f"describe of {pod.name} failed (exit {res.returncode}): {(res.stderr or '').strip()}")
-    endpoints = json.loads(res.stdout).get("networkEndpoints") or []
+    try:
+        endpoints = json.loads(res.stdout).get("networkEndpoints") or []
+    except (ValueError, AttributeError) as e:
+        raise RuntimeError(f"describe of {pod.name} printed no node JSON ({e}): {res.stdout[:200]!r}") from None
     if len(endpoints) != expected:
         raise checks.LaunchError(f"{pod.name} has {len(endpoints)} workers but --accelerator-type "
                                  f"{pod.accelerator_type} means {expected}; give the pod's real type")
@@ -242,7 +243,7 @@ def cmd_run(args, pod: Pod, program: list[str]) -> int:
                 _show(argv)
             _show(driver)
         else:
-            print(f"# started together, one per worker; the first non-zero exit stops the others:")
+            print("# started together, one per worker; the first non-zero exit stops the others:")
             for argv in commands.run_plan(pod, workers, program, env):
                 _show(argv)
         if not args.keep:
@@ -250,9 +251,8 @@ def cmd_run(args, pod: Pod, program: list[str]) -> int:
         return 0
     rc = 1
     try:
-        with procs.interrupts_raise():
-            ips = _worker_ips(pod, workers)
-            rc = _run_ray(pod, workers, ips[0], program, env) if args.ray else _run_hosts(pod, workers, program, env)
+        ips = _worker_ips(pod, workers)
+        rc = _run_ray(pod, workers, ips[0], program, env) if args.ray else _run_hosts(pod, workers, program, env)
     except procs.Interrupted as e:
         _say(f"interrupted ({e}); the hosts were stopped")
         rc = 128 + e.signum
@@ -308,6 +308,7 @@ def cmd_down(args, pod: Pod) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    procs.raise_on_interrupt(f"{PROG}: already stopping; wait for it (Ctrl-\\ quits at once)")
     try:
         args, program = parse(argv)
         pod = pod_of(args)
