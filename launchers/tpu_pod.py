@@ -187,6 +187,9 @@ def _wait_active(pod: Pod, timeout: float, interval: float) -> int:
 
 def cmd_sync(args, pod: Pod) -> int:
     install = args.install if args.install is not None else commands.default_install(args.extras)
+    if not (args.source / "pyproject.toml").is_file():
+        raise checks.LaunchError(f"--source {args.source} is not a checkout (no pyproject.toml there): sync sends a "
+                                 f"jaxrl checkout; run from one or pass --source PATH_TO_CHECKOUT")
     files = tarball.checkout_files(args.source)
     workdir = Path(tempfile.mkdtemp(prefix="jaxrl-tpu-"))
     local = str(workdir / commands.REMOTE_TARBALL)

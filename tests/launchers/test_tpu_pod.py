@@ -11,6 +11,8 @@ import shlex
 import signal
 import time
 
+import pytest
+
 from launchers import commands
 from launchers.commands import Pod
 from tests.launchers.conftest import leftovers, pod_args
@@ -127,9 +129,17 @@ def test_refused_program_starts_nothing(fake_pod):
     assert fake_pod.calls() == []
 
 
+def test_sync_refuses_a_folder_that_is_no_checkout(fake_pod, tmp_path):
+    r = fake_pod.launch("sync", *pod_args("v4-16"), "--source", str(tmp_path))
+    assert r.returncode == 2 and "is not a checkout (no pyproject.toml there)" in r.stderr
+    assert fake_pod.calls() == []
+
+
 def _ready_program(fail_worker: int | None, exit_code: int = 3) -> list[str]:
-    """Every host writes ready-<i> in its checkout, then sleeps 60 s; `fail_worker` exits `exit_code` after 0.5 s."""
-    code = ("import os, sys, time; i = os.environ['JAXRL_PROCESS_ID']; open('ready', 'w').write(str(os.getpid()));"
+    """Every host writes its PID to `ready` in its checkout (atomically), then sleeps 60 s; `fail_worker` exits
+    `exit_code` after 0.5 s."""
+    code = ("import os, sys, time; i = os.environ['JAXRL_PROCESS_ID'];"
+            " f = open('ready.tmp', 'w'); f.write(str(os.getpid())); f.close(); os.rename('ready.tmp', 'ready');"
             " print('up', i, flush=True);"
             f" (time.sleep(0.5), sys.exit({exit_code})) if i == '{fail_worker}' else time.sleep(60)")
     return ["python", "-c", code]
@@ -151,7 +161,8 @@ def test_failing_host_stops_the_others_and_its_code_is_returned(fake_pod, tiny_c
     assert fake_pod.wait_no_leftovers(timeout=1) == []
 
 
-def test_ctrl_c_during_run_stops_the_hosts_and_deletes(fake_pod, tiny_checkout):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_during_run_stops_the_hosts_and_deletes(fake_pod, tiny_checkout, sig):
     assert fake_pod.launch("up", *pod_args("v4-16")).returncode == 0
     assert fake_pod.launch("sync", *pod_args("v4-16"), "--source", str(tiny_checkout), "--install", "true") \
         .returncode == 0
@@ -162,10 +173,10 @@ def test_ctrl_c_during_run_stops_the_hosts_and_deletes(fake_pod, tiny_checkout):
         time.sleep(0.05)
     assert all(f.exists() for f in ready), "the hosts never started"
     host_pids = [int(f.read_text()) for f in ready]
-    p.send_signal(signal.SIGINT)
+    p.send_signal(sig)
     out, err = p.communicate(timeout=15)
-    assert p.returncode == 130, err
-    assert "interrupted (SIGINT); the hosts were stopped" in err
+    assert p.returncode == 128 + sig, err
+    assert f"interrupted ({sig.name}); the hosts were stopped" in err
     assert fake_pod.calls()[-1] == _gc("tpu-vm", "delete", "tpu-a", *WHERE, "--quiet")
     assert fake_pod.wait_no_leftovers(timeout=1) == []
     assert host_pids and not set(host_pids) & set(leftovers(fake_pod.root))
