@@ -112,3 +112,12 @@ def test_the_fast_path_imports_no_jax(modules):
     ])
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+def test_launchers_import_only_the_standard_library_and_nothing_imports_them():
+    bad = {m: sorted(i for i in imps if _top(i) not in STDLIB | {"launchers"})
+           for m, imps in _modules("launchers").items()}
+    assert not {m: v for m, v in bad.items() if v}
+    users = {m: sorted(i for i in imps if _top(i) == "launchers")
+             for pkg in ("jaxrl", "sharding") for m, imps in _modules(pkg).items()}
+    assert not {m: v for m, v in users.items() if v}
