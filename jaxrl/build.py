@@ -232,6 +232,14 @@ def _mesh_args(placement) -> dict:
     return {} if placement is None else {"mesh": placement.train_mesh, "rules": placement.rules}
 
 
+def _batch_plan(cfg, placement):
+    """The run's :class:`~jaxrl.config.batch_plan.BatchPlan` for its data-parallel devices: the train mesh's batch
+    shards (``*_micro_batch_size_per_gpu`` are per device, as in verl), 1 without a mesh."""
+    from jaxrl.config.batch_plan import BatchPlan
+
+    return BatchPlan.from_config(cfg, batch_shards=1 if placement is None else placement.batch_shards)
+
+
 def _build_actor_and_reference(cfg, graphdef, params, total_training_steps, placement=None):
     """The actor, and the frozen reference (a copy of the initial params) when a KL term needs it.
 
@@ -239,7 +247,6 @@ def _build_actor_and_reference(cfg, graphdef, params, total_training_steps, plac
     """
     import jax
 
-    from jaxrl.config.batch_plan import BatchPlan
     from jaxrl.workers.actor import ActorWorker, LogProbComputer
 
     arr = cfg.actor_rollout_ref
@@ -247,7 +254,7 @@ def _build_actor_and_reference(cfg, graphdef, params, total_training_steps, plac
     ref_params = None
     if arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
         ref_params = jax.tree.map(lambda x: x.copy(), params)  # frozen copy: the actor's buffers are updated
-    plan = BatchPlan.from_config(cfg)
+    plan = _batch_plan(cfg, placement)
     actor = ActorWorker(
         graphdef, params, arr.actor, plan=plan.actor, temperature=rollout_cfg.temperature,
         total_training_steps=total_training_steps, seed=cfg.trainer.seed, ref_params=ref_params,
@@ -285,7 +292,6 @@ def _build_critic(cfg, policy, total_training_steps, placement=None):
     from flax import nnx
 
     from jaxrl.models.value_model import build_value_model
-    from jaxrl.config.batch_plan import BatchPlan
     from jaxrl.workers.critic import CriticWorker
 
     cc = cfg.critic
@@ -295,7 +301,7 @@ def _build_critic(cfg, policy, total_training_steps, placement=None):
     )
     graphdef, params = nnx.split(model)
     critic = CriticWorker(
-        graphdef, params, cc, plan=BatchPlan.from_config(cfg).critic, total_training_steps=total_training_steps,
+        graphdef, params, cc, plan=_batch_plan(cfg, placement).critic, total_training_steps=total_training_steps,
         seed=cfg.trainer.seed, **_mesh_args(placement),  # the critic follows the actor's mesh
     )
     critic.init_optimizer()

@@ -274,7 +274,7 @@ class CriticConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))  # optimizer section (verl critic lr 1e-5)
     ppo_mini_batch_size: Optional[int] = None  # prompts per critic update (x rollout.n); null = actor's (filled)
     ppo_micro_batch_size_per_gpu: Optional[int] = None  # responses per device per fwd/bwd; null = whole mini-batch
-    forward_micro_batch_size_per_gpu: Optional[int] = None  # responses per value forward; null = the above (filled)
+    forward_micro_batch_size_per_gpu: Optional[int] = None  # responses/device per value forward; null = the above (filled)
     ppo_epochs: Optional[int] = None  # passes over each RL batch; null = actor's (filled)
     shuffle: bool = False  # shuffle responses before splitting into mini-batches
     cliprange_value: float = 0.5  # value clipping half-width around the rollout-time values, >= 0
@@ -293,9 +293,11 @@ class MeshConfig:
     ``trainer.sharding_rules``, batch rows split over ``data x fsdp``. Then an unset axis is 1, except ``fsdp``,
     which is -1 (fill) unless another axis is -1. At most one axis may be -1: it takes the train devices left
     over by the others. The product must equal the train device count (all of ``jax.devices()`` with
-    colocated placement, all but ``trainer.rollout_devices`` with split). With a mesh, every micro-batch size
-    (``*_micro_batch_size_per_gpu``) counts the rows of one micro-batch on the whole mesh and must be divisible
-    by ``data x fsdp`` (each device gets ``micro / (data x fsdp)`` rows).
+    colocated placement, all but ``trainer.rollout_devices`` with split). As in verl, every
+    ``*_micro_batch_size_per_gpu`` counts the rows of one micro-batch on each data-parallel device: with a mesh
+    those are its batch shards (``data x fsdp`` under the default rules), so one micro-batch on the mesh is
+    ``value x data x fsdp`` rows; ``ppo_mini_batch_size x rollout.n`` must split evenly over them and the
+    per-device micro-batch must divide each device's share (``jaxrl.config.batch_plan``).
     """
 
     data: Optional[int] = None  # data-parallel size: params replicated, rows split; null = 1
@@ -378,7 +380,7 @@ class RewardModelConfig:
 
     enable: bool = False  # True = also score every response with the model at reward_model.model.path
     model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)  # reward model checkpoint
-    micro_batch_size_per_gpu: Optional[int] = None  # responses per RM forward (on a mesh: per call); null = all
+    micro_batch_size_per_gpu: Optional[int] = None  # responses per device per RM forward; null = all
     max_length: Optional[int] = None  # re-tokenized RM input width (longer: cut on the right); null = prompt+response
     # jaxrl: how the RM score and the rule score make the reward. "replace" (verl: its reward managers return the
     # RM's scores and skip the rule function): reward = RM score; rows whose reward_model.style is "rule" are still

@@ -55,8 +55,8 @@ class CriticWorker(TrainedRole):
       graphdef, params: ``nnx.split`` of a :class:`~jaxrl.models.value_model.ValueModel`.
       critic_cfg: the ``critic`` config section (:class:`jaxrl.config.schema.CriticConfig`). Reads ``shuffle``,
         ``cliprange_value``, ``grad_clip``, ``loss_agg_mode``, ``optim``.
-      plan: the critic's batch sizes (``BatchPlan.from_config(cfg).critic``; its ``forward_rows`` are the value
-        forward's micro-batch).
+      plan: the critic's batch sizes (``BatchPlan.from_config(cfg, batch_shards=...).critic`` for the mesh's batch
+        shards; its ``forward_rows`` are the value forward's micro-batch over all devices).
       total_training_steps: RL steps in the run (learning-rate schedule).
       seed: mini-batch shuffling seed (when ``critic.shuffle``).
       mesh: the train mesh, or None for one device. With a mesh, params and optimizer state are placed by
@@ -101,7 +101,8 @@ class CriticWorker(TrainedRole):
     def compute_values(self, batch: RLBatch) -> np.ndarray:
         """Values of the response tokens under the current params.
 
-        Runs in chunks of ``forward_micro_batch_size_per_gpu`` rows (the last one padded).
+        Runs in chunks of the plan's ``forward_rows`` (``forward_micro_batch_size_per_gpu`` per device x the
+        mesh's batch shards; the last chunk padded).
 
         Returns:
           float32 ``[N, R]``; entry ``[i, j]`` is the value of the state before response token ``j`` (read at

@@ -239,7 +239,8 @@ def placement_from_config(cfg, devices: Sequence | None = None) -> Placement | N
     ``actor_rollout_ref.rollout.tensor_model_parallel_size``; ``None`` when no mesh is configured (all
     ``trainer.mesh`` axes null and colocated placement).
 
-    Also checks that every micro-batch splits over the mesh's batch axes (the loader does this only when the sizes
+    Also checks verl's per-device batch arithmetic on the mesh's batch shards (``*_micro_batch_size_per_gpu`` are
+    rows per device; :func:`jaxrl.config.loader.check_mesh_batch_sizes`; the loader does this only when the sizes
     need no device count).
 
     Raises:
