@@ -40,7 +40,9 @@ import hashlib
 import logging
 import os
 import pickle
+import signal
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -54,7 +56,7 @@ __all__ = [
     "DistributedError", "ReplicaDivergenceError", "WorldSpec", "any_process", "barrier", "check_replicas",
     "check_shared_dir", "check_world", "exit_now", "initialize", "is_primary", "joined_processes",
     "local_device_count",
-    "process_count", "process_index", "resolve_world", "run_on_primary", "to_global", "to_host",
+    "process_count", "process_index", "resolve_world", "run_guarded", "run_on_primary", "to_global", "to_host",
 ]
 
 ENV_COORDINATOR_ADDRESS = "JAXRL_COORDINATOR_ADDRESS"
@@ -310,6 +312,7 @@ def initialize(cfg) -> WorldSpec:
                       process_id=spec.process_id)
     who = (f"process {spec.process_id} of {spec.num_processes} (coordinator {spec.coordinator_address})"
            if spec.mode == "env" else "this process (cluster auto-detection)")
+    sigterm = signal.getsignal(signal.SIGTERM)
     try:
         jax.distributed.initialize(**kwargs)
     except Exception as e:  # noqa: BLE001 - jax raises several types; one line says what failed
@@ -318,6 +321,11 @@ def initialize(cfg) -> WorldSpec:
             f"{who} could not join the JAX world within {spec.initialization_timeout_s} s "
             f"({_KEY}.initialization_timeout_s): {first[:300]}; are all processes started, and is the "
             "coordinator (process 0) reachable?") from e
+    finally:
+        # jax's preemption notifier took SIGTERM over (it would swallow it until a sync point jaxrl never asks
+        # about); the trainer agrees on SIGTERM itself (any_process, each step), so the handler goes back
+        if threading.current_thread() is threading.main_thread() and sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
     _SPEC = dataclasses.replace(spec, num_processes=jax.process_count(), process_id=jax.process_index())
     log.info("process %d of %d joined the JAX world (%d local / %d global devices, mode %s)", _SPEC.process_id,
              _SPEC.num_processes, jax.local_device_count(), jax.device_count(), spec.mode)
@@ -368,6 +376,24 @@ def local_device_count() -> int:
     import jax
 
     return jax.local_device_count()
+
+
+def run_guarded(main: Callable[..., int], *args) -> int:
+    """``main(*args)`` (a command's body returning its exit status), ending this process at once when it fails in a
+    world of several processes: status != 0 -> :func:`exit_now` with it; an exception -> its traceback, then
+    :func:`exit_now` (1). Otherwise (one process, or success) the status is returned and exceptions propagate."""
+    try:
+        code = main(*args)
+    except BaseException:
+        if joined_processes() > 1:
+            import traceback
+
+            traceback.print_exc()
+            exit_now(1)
+        raise
+    if code != 0 and joined_processes() > 1:
+        exit_now(code)
+    return code
 
 
 def exit_now(code: int) -> None:
@@ -638,6 +664,7 @@ def check_shared_dir(path: str | os.PathLike, what: str = "trainer.default_local
     flags = _allgather_ints([int(seen)])[:, 0]
     if is_primary():
         (folder / name).unlink(missing_ok=True)
+    barrier("jaxrl-shared-dir-checked")  # the token is gone when any process returns
     blind = [p for p, ok in enumerate(flags) if not ok]
     if blind:
         raise ConfigError(

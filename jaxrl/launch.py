@@ -1,5 +1,5 @@
-"""``python -m jaxrl.launch --nproc K [--local-devices N] -- <jaxrl.train arguments>``: one run as K processes on this
-machine.
+"""``python -m jaxrl.launch --nproc K [--local-devices N] [--module M] -- <jaxrl.train arguments>``: one run as K
+processes on this machine.
 
 Starts ``python -m jaxrl.train <arguments>`` K times with the explicit world of :mod:`jaxrl.distributed`
 (``JAXRL_COORDINATOR_ADDRESS=127.0.0.1:<a free port>``, ``JAXRL_NUM_PROCESSES=K``, ``JAXRL_PROCESS_ID=i`` and, with
@@ -47,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=int, required=True, metavar="K", help="processes to start (>= 1)")
     p.add_argument("--local-devices", type=int, default=None, metavar="N",
                    help="CPU devices each process simulates (JAXRL_LOCAL_DEVICE_COUNT); default: the platform's")
+    p.add_argument("--module", default="jaxrl.train", metavar="M",
+                   help="the module each process runs with python -m (default: jaxrl.train; tests and tools may run "
+                        "their own, which joins the world with jaxrl.distributed.initialize)")
     return p
 
 
@@ -96,12 +99,12 @@ def _kill_group(pid: int, sig: int) -> None:
 class _Group:
     """The K processes of one run and the threads that copy their output."""
 
-    def __init__(self, train_args: Sequence[str], nproc: int, local_devices: int | None):
+    def __init__(self, module: str, train_args: Sequence[str], nproc: int, local_devices: int | None):
         self.procs: list[subprocess.Popen] = []
         self.threads: list[threading.Thread] = []
         self.lock = threading.Lock()
         port = free_port()
-        cmd = [sys.executable, "-m", "jaxrl.train", *train_args]
+        cmd = [sys.executable, "-m", module, *train_args]
         try:
             for rank in range(nproc):
                 p = subprocess.Popen(cmd, env=process_env(rank, nproc, port, local_devices), stdin=subprocess.DEVNULL,
@@ -188,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
     group = None
     try:
-        group = _Group(argv[cut + 1:], args.nproc, args.local_devices)
+        group = _Group(args.module, argv[cut + 1:], args.nproc, args.local_devices)
         code = group.wait_first_failure(signals)
         if code != 0:
             group.kill()

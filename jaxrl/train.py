@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import traceback
 from typing import Sequence
 
 from jaxrl.config import ConfigError, config_to_yaml, load_config_with_notes
@@ -77,18 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     stderr, one line each. Training is ``jaxrl.trainer.run_training(cfg)``,
     imported only after the config is valid.
     """
-    from jaxrl import distributed
+    from jaxrl.distributed import run_guarded
 
-    try:
-        code = _main(argv)
-    except BaseException:
-        if distributed.joined_processes() > 1:
-            traceback.print_exc()
-            distributed.exit_now(1)
-        raise
-    if code != 0 and distributed.joined_processes() > 1:
-        distributed.exit_now(code)
-    return code
+    return run_guarded(_main, argv)
 
 
 def _main(argv: Sequence[str] | None) -> int:
