@@ -15,7 +15,12 @@ Exit status (one-line message on stderr, ``jaxrl: error: ...`` / ``jaxrl: config
   newest complete checkpoint);
 * 2: a config or usage error (``jaxrl: config error:``), an unusable custom reward file or function, a run folder
   (``trainer.default_local_dir``) in use by another run, or a checkpoint written by an incompatible
-  configuration (the message lists what changed and the ways out).
+  configuration (the message lists what changed and the ways out); also a world the config cannot run
+  (``trainer.nnodes`` / ``n_gpus_per_node`` against the processes, split placement or vLLM with several processes,
+  a run folder the processes do not all see: :mod:`jaxrl.distributed`).
+
+Several processes (``python -m jaxrl.launch``, the ``JAXRL_*`` variables or ``trainer.distributed.mode=auto``) each
+run this same command; see the README's "Multi-host".
 """
 
 from __future__ import annotations
