@@ -14,6 +14,7 @@ import dataclasses
 import logging
 from pathlib import Path
 
+from jaxrl import distributed
 from jaxrl.algorithms.registry import needs_critic
 from jaxrl.batch import RLBatch
 from jaxrl.metrics import MetricsLogger
@@ -60,20 +61,27 @@ def build(cfg) -> Components:
     before the (slow) model load. The lock is released by :func:`jaxrl.trainer.run_training` (or here, if
     building fails).
 
+    With several processes (:mod:`jaxrl.distributed`) the primary takes the lock and finds the checkpoint, and
+    shares the answer; every process must see the run folder (a shared filesystem).
+
     Raises:
       jaxrl.runlock.RunLockError: another run holds the folder.
+      jaxrl.config.ConfigError: several processes do not see the same run folder.
     """
     from jaxrl.checkpoint import find_resume_checkpoint
     from jaxrl.runlock import RunLock
 
     out_dir = Path(cfg.trainer.default_local_dir)
-    lock = RunLock(out_dir).acquire()  # before any write into the folder (multi-process: the primary only)
+    # before any write into the folder; several processes: the primary holds it, all raise its RunLockError
+    lock = distributed.run_on_primary(lambda: RunLock(out_dir).acquire(), share=False)
     try:
+        distributed.check_shared_dir(out_dir)  # several processes: all must see the one run folder
         t = cfg.trainer
-        resume_from = find_resume_checkpoint(t.resume_mode, out_dir, t.resume_from_path)
+        resume_from = distributed.run_on_primary(find_resume_checkpoint, t.resume_mode, out_dir, t.resume_from_path)
         return dataclasses.replace(_build_components(cfg, out_dir), lock=lock, resume_from=resume_from)
     except BaseException:
-        lock.release()
+        if lock is not None:
+            lock.release()
         raise
 
 
@@ -115,6 +123,7 @@ def _build_components(cfg, out_dir: Path) -> Components:
     logger = MetricsLogger(
         cfg.trainer.logger, out_dir, project_name=cfg.trainer.project_name,
         experiment_name=cfg.trainer.experiment_name, config=config_to_dict(cfg),
+        writer=distributed.is_primary(),  # one writer: the other processes' logger has no sink
     )
     store = CheckpointStore(
         out_dir, async_save=cfg.trainer.checkpoint_async,
@@ -123,7 +132,7 @@ def _build_components(cfg, out_dir: Path) -> Components:
         ),
     )
     try:
-        store.save_tokenizer(tokenizer)
+        distributed.run_on_primary(store.save_tokenizer, tokenizer, share=False)
     except BaseException:
         store.close()  # ends orbax's background threads before the error propagates
         raise

@@ -54,6 +54,7 @@ RESUME_MODE_CHOICES: tuple[str, ...] = ("auto", "disable", "resume_path")  # = j
 REWARD_MANAGER_CHOICES: tuple[str, ...] = ("naive", "prime", "dapo", "batch")  # = jaxrl.rewards.manager.REWARD_MANAGERS
 MATH_VERIFIER_CHOICES: tuple[str, ...] = ("rule", "math_verify")  # = jaxrl.rewards.MATH_VERIFIERS
 RM_COMBINE_CHOICES: tuple[str, ...] = ("replace", "sum")  # reward_model.combine
+DISTRIBUTED_MODE_CHOICES: tuple[str, ...] = ("local", "env", "auto")  # = jaxrl.distributed.MODES
 PLACEMENT_CHOICES: tuple[str, ...] = ("colocated", "split")  # = jaxrl.workers.placement.PLACEMENTS
 MESH_AXIS_CHOICES: tuple[str, ...] = ("data", "fsdp", "tensor")  # = sharding.mesh.MESH_AXES
 # Logical axis names the decoder / value model parameters carry, plus "batch" (= the rows of every batch array);
@@ -306,6 +307,31 @@ class MeshConfig:
 
 
 @dataclass
+class DistributedConfig:
+    """``trainer.distributed.*``: how the processes of a multi-process run (one per host) form one JAX world
+    (jaxrl; verl places its workers with Ray). See :mod:`jaxrl.distributed` and the README's "Multi-host".
+
+    ``mode``: ``local`` (one process), ``env`` (the explicit world: ``JAXRL_COORDINATOR_ADDRESS``,
+    ``JAXRL_NUM_PROCESSES``, ``JAXRL_PROCESS_ID``, optional ``JAXRL_LOCAL_DEVICE_COUNT``, or the keys below; what
+    ``python -m jaxrl.launch`` sets) or ``auto`` (``jax.distributed.initialize()`` detects Cloud TPU, SLURM,
+    Open MPI, GKE). null: ``env`` when ``JAXRL_COORDINATOR_ADDRESS`` or ``coordinator_address`` is set, else
+    ``local``. A value given both as an environment variable and as a key must agree.
+    """
+
+    mode: Optional[str] = None  # local | env | auto; null = env when a coordinator address is set, else local
+    coordinator_address: Optional[str] = None  # host:port of process 0's coordinator (JAXRL_COORDINATOR_ADDRESS)
+    num_processes: Optional[int] = None  # processes in the world (JAXRL_NUM_PROCESSES)
+    process_id: Optional[int] = None  # this process's index, 0 = the primary (JAXRL_PROCESS_ID)
+    local_device_count: Optional[int] = None  # CPU only: devices each process simulates (JAXRL_LOCAL_DEVICE_COUNT)
+    # where process 0's coordinator listens; null = its own address when that is loopback (127.0.0.1 / localhost /
+    # ::1: never all interfaces), else jax's default (all interfaces, [::]:port)
+    coordinator_bind_address: Optional[str] = None
+    heartbeat_timeout_s: int = 10  # a process silent this long is dead: the others stop (jax's default: 100)
+    shutdown_timeout_s: int = 30  # how long a finishing process waits for the others at exit (jax's: 300)
+    initialization_timeout_s: int = 300  # how long a process waits for all others to join at start
+
+
+@dataclass
 class TrainerConfig:
     """``trainer.*``: loop length, validation/checkpoint cadence, logging, world size."""
 
@@ -318,8 +344,10 @@ class TrainerConfig:
     project_name: str = "verl_examples"  # experiment group name
     experiment_name: str = "gsm8k"  # run name
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"  # checkpoints + logs
-    n_gpus_per_node: int = 8  # accelerator devices per host (data-parallel world = this x nnodes)
-    nnodes: int = 1  # hosts
+    # accelerator devices per host (data-parallel world = this x nnodes); with several processes it must equal each
+    # process's device count
+    n_gpus_per_node: int = 8
+    nnodes: int = 1  # hosts = processes of the run (jaxrl.distributed); must equal the process count
     # steps at the start that update only the critic (verl's actor starts at step == critic_warmup, one step earlier)
     critic_warmup: int = 0
     seed: int = 1  # jaxrl: global seed (data shuffle and sampling default to it)
@@ -344,6 +372,7 @@ class TrainerConfig:
     # A dimension its mesh axes do not divide is replicated. Give it as a mapping:
     # 'trainer.sharding_rules={embed: null}' (a dotted trainer.sharding_rules.embed=... is not a key).
     sharding_rules: Optional[dict[str, Any]] = None
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)  # jaxrl: the processes' world
 
 
 # ------------------------------------------------------------------------------ rewards

@@ -29,6 +29,7 @@ from jaxrl.algorithms.policy_loss import tis_weights
 from jaxrl.algorithms.registry import POLICY_LOSSES
 from jaxrl.batch import RLBatch
 from jaxrl.config.batch_plan import RolePlan
+from jaxrl.distributed import to_host
 from jaxrl.workers.microbatch import check_row_shards, pad_rows, row_chunks
 from jaxrl.workers.placement import activation_sharding, batch_shards, jit_sharded, rows_sharding
 from jaxrl.workers.trained_role import TrainedRole
@@ -130,8 +131,9 @@ class LogProbComputer:
                 pad_rows(batch.response_ids[sl], mb),
                 prompt_width=batch.prompt_width,
             )
-            outs_lp.append(np.asarray(lp)[:n])
-            outs_ent.append(np.asarray(ent)[:n])
+            lp, ent = to_host((lp, ent))
+            outs_lp.append(lp[:n])
+            outs_ent.append(ent[:n])
         rmask = batch.response_mask.astype(np.float32)
         return np.concatenate(outs_lp) * rmask, np.concatenate(outs_ent) * rmask
 

@@ -22,6 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxrl.algorithms import compute_value_loss, masked_sum
 from jaxrl.batch import RLBatch
 from jaxrl.config.batch_plan import RolePlan
+from jaxrl.distributed import to_host
 from jaxrl.workers.microbatch import pad_rows, row_chunks
 from jaxrl.workers.placement import jit_sharded, rows_sharding
 from jaxrl.workers.trained_role import TrainedRole
@@ -116,7 +117,7 @@ class CriticWorker(TrainedRole):
                 self.params, pad_rows(ids[sl], mb), pad_rows(pos[sl], mb), pad_rows(mask[sl], mb),
                 prompt_width=batch.prompt_width,
             )
-            out.append(np.asarray(v, np.float32)[:n])
+            out.append(to_host(v).astype(np.float32)[:n])
         return np.concatenate(out) * batch.response_mask.astype(np.float32)
 
     # -- update ----------------------------------------------------------------------------------------------

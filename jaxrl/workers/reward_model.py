@@ -34,6 +34,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl.batch import RLBatch, positions_from_mask
 from jaxrl.config.batch_plan import BatchPlan
+from jaxrl.distributed import to_global, to_host
 from jaxrl.workers.microbatch import check_row_shards, pad_rows, row_chunks
 from jaxrl.workers.placement import activation_sharding, batch_shards, rows_sharding, shard_tree
 from sharding import DEFAULT_RULES
@@ -178,6 +179,7 @@ class RewardModelWorker:
         self.rules = DEFAULT_RULES if rules is None else rules
         self.activation_sharding = activation_sharding(mesh, self.rules)
         self.row_shards = 1
+        self._rows = None  # on a mesh: the rows' sharding
         if mesh is None:
             self.params = params
             self._fn = jax.jit(self._scores)
@@ -186,7 +188,7 @@ class RewardModelWorker:
             if micro_batch_size is not None:
                 check_row_shards(micro_batch_size, self.row_shards, "the reward model's micro-batch")
             self.params, shardings = shard_tree(params, mesh, self.rules)
-            rows = rows_sharding(mesh, self.rules)
+            rows = self._rows = rows_sharding(mesh, self.rules)
             self._fn = jax.jit(self._scores, in_shardings=(shardings, rows, rows, rows),
                                out_shardings=NamedSharding(mesh, PartitionSpec()))
 
@@ -215,8 +217,11 @@ class RewardModelWorker:
         pos = positions_from_mask(mask)
         out = []
         for sl, k in row_chunks(n, mb):
-            s = self._fn(self.params, pad_rows(ids[sl], mb), pad_rows(pos[sl], mb), pad_rows(mask[sl], mb))
-            out.append(np.asarray(s, np.float32)[:k])
+            rows = (pad_rows(ids[sl], mb), pad_rows(pos[sl], mb), pad_rows(mask[sl], mb))
+            if self._rows is not None:  # on the mesh: host rows -> global arrays (every process holds the same)
+                rows = to_global(rows, self._rows)
+            s = self._fn(self.params, *rows)
+            out.append(to_host(s).astype(np.float32)[:k])
         return np.concatenate(out) if out else np.zeros((0,), np.float32)
 
     def score(self, batch: RLBatch, raw_prompts: list | None = None) -> RewardModelOutput:

@@ -25,6 +25,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl.config.batch_plan import RolePlan
+from jaxrl.distributed import to_host
 from jaxrl.workers.microbatch import check_row_shards, guarded_update, scan_accumulate, stack_micro
 from jaxrl.workers.optim import make_optimizer
 from jaxrl.workers.placement import activation_sharding, batch_shards, jit_sharded, rows_sharding, shard_tree
@@ -209,6 +210,7 @@ class TrainedRole:
 
     def average_metrics(self, history: list[dict]) -> dict[str, float]:
         """Means over the updates of a step, the skipped-update count and the last update's learning rate."""
+        history = to_host(history)
         out = {k: float(np.mean([float(h[k]) for h in history])) for k in history[0]}
         key = f"{self.name}/nonfinite_grad"
         out[key] = float(np.sum([float(h[key]) for h in history]))
