@@ -105,6 +105,10 @@ def _main(argv: Sequence[str] | None) -> int:
         sys.stdout.write(config_to_yaml(loaded.config))
         sys.stdout.flush()
         return 0
+    if loaded.config.trainer.launcher == "ray":  # this process only places and supervises the hosts' processes
+        from jaxrl.ray_backend.driver import run_driver
+
+        return run_driver(loaded.config, list(sys.argv[1:] if argv is None else argv))
     from jaxrl.checkpoint import CheckpointIncompatibleError, CheckpointRestoreError, CheckpointSaveError
     from jaxrl.data.sources import DataFileError
     from jaxrl.models.files import ModelFileError

@@ -124,7 +124,7 @@ def test_only_jaxrl_distributed_knows_about_processes():
     ["jaxrl.config", "jaxrl.config.loader", "jaxrl.config.batch_plan", "jaxrl.algorithms.registry"],
     ["jaxrl.rewards", "jaxrl.rewards.manager", "jaxrl.rewards.factory", "jaxrl.rewards.pool"],
     ["jaxrl.data.sources", "jaxrl.data.prepare", "jaxrl.runlock", "jaxrl.paths", "jaxrl.checkpoint"],
-    ["jaxrl.distributed", "jaxrl.launch"],
+    ["jaxrl.distributed", "jaxrl.launch", "jaxrl.ray_backend"],
 ])
 def test_the_fast_path_imports_no_jax(modules):
     """A bad config, custom reward file or data file fails in about a second: these modules (and loading and
@@ -148,3 +148,34 @@ def test_launchers_import_only_the_standard_library_and_nothing_imports_them():
     users = {m: sorted(i for i in imps if _top(i) == "launchers")
              for pkg in ("jaxrl", "sharding") for m, imps in _modules(pkg).items()}
     assert not {m: v for m, v in users.items() if v}
+
+
+_RAY_MODULES = {"jaxrl.ray_backend.pool", "jaxrl.ray_backend.host", "jaxrl.ray_backend.driver"}
+
+
+def test_only_the_ray_backend_imports_ray_and_only_the_cli_imports_its_driver():
+    """Ray is an optional extra: ``ray`` is imported by the Ray launcher's pool, actor and driver only (not by
+    ``jaxrl.ray_backend`` itself, which the config loader uses), and only ``jaxrl.train`` reaches the driver."""
+    importers = sorted(m for pkg in ("jaxrl", "sharding", "launchers") for m, imps in _modules(pkg).items()
+                       if any(_top(i) == "ray" for i in imps))
+    assert set(importers) <= _RAY_MODULES, importers
+    assert "jaxrl.ray_backend" not in importers
+    drivers = sorted(m for pkg in ("jaxrl", "sharding") for m, imps in _modules(pkg).items()
+                     if m not in _RAY_MODULES and any(_under(i, "jaxrl.ray_backend.driver") for i in imps))
+    assert drivers == ["jaxrl.train"]
+
+
+def test_the_default_install_never_imports_ray():
+    """Loading a config (also one that names the Ray launcher), the CLI and the local launcher leave ``ray``
+    unimported."""
+    code = "\n".join([
+        "import os, sys",
+        "os.environ.pop('RAY_ADDRESS', None)",
+        "import jaxrl.train, jaxrl.launch, jaxrl.ray_backend",
+        "from jaxrl.config.loader import load_config",
+        "load_config('configs/quickstart.yaml')",
+        "load_config('configs/quickstart.yaml', ['trainer.launcher=ray'])",
+        "assert 'ray' not in sys.modules, sorted(m for m in sys.modules if m.split('.')[0] == 'ray')",
+    ])
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr

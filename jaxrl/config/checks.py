@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
 import typing
 from typing import Any, Iterable, Optional
 
@@ -288,6 +289,15 @@ def validate_sections(cfg: JaxRLConfig, c: Checks) -> None:
     c.int_at_least("trainer.max_actor_ckpt_to_keep", 1, off=0, nullable=True)
     c.int_at_least("trainer.max_critic_ckpt_to_keep", 1, off=0, nullable=True)
     c.int_at_least("trainer.max_nonfinite_steps", 1)
+    if cfg.trainer.launcher is not None:
+        c.choice("trainer.launcher", schema.LAUNCHER_CHOICES)
+    c.int_at_least("trainer.max_restarts", 0)
+    c.choice("trainer.ray.resource", schema.RAY_RESOURCE_CHOICES)
+    c.int_at_least("trainer.ray.placement_timeout_s", 1)
+    topology = cfg.trainer.ray.tpu_topology
+    if topology is not None and not (isinstance(topology, str) and re.fullmatch(r"\d+(x\d+){1,2}", topology.strip())):
+        c.fail("trainer.ray.tpu_topology", "a TPU topology such as '2x2x2' or '4x4', or null (the TPU nodes' label)")
+    c.text("trainer.ray.tpu_accelerator", nullable=True)
 
 
 def validate_rewards(cfg: JaxRLConfig, c: Checks) -> None:

@@ -45,7 +45,8 @@ _REWARD_LOOP = (
 _RM_PLACE = "jaxrl runs the reward model as a jitted Flax model on the train mesh; no separate resource pool"
 _RM_LOOP = ("verl's reward-loop server (vLLM/SGLang) settings; jaxrl scores the reward model in-process on the train "
             "mesh, as verl's RewardModelWorker does")
-_RAY = "jaxrl is a single-controller JAX program; no Ray cluster, worker groups or NCCL groups"
+_RAY = ("verl's Ray worker-group / NCCL settings do not apply: jaxrl's Ray launcher (trainer.launcher=ray) runs one "
+        "JAX process per host and has its own trainer.ray.* keys")
 _MULTI_TURN = "multi-turn/tool rollout is not supported yet; only multi_turn.enable=False is valid"
 _LORA = "LoRA is not supported yet (full fine-tuning only); only lora_rank=0 is valid"
 _DEPRECATED_MBS = "verl's deprecated global micro-batch size; use the *_per_gpu key instead"

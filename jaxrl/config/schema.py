@@ -55,6 +55,8 @@ REWARD_MANAGER_CHOICES: tuple[str, ...] = ("naive", "prime", "dapo", "batch")  #
 MATH_VERIFIER_CHOICES: tuple[str, ...] = ("rule", "math_verify")  # = jaxrl.rewards.MATH_VERIFIERS
 RM_COMBINE_CHOICES: tuple[str, ...] = ("replace", "sum")  # reward_model.combine
 DISTRIBUTED_MODE_CHOICES: tuple[str, ...] = ("local", "env", "auto")  # = jaxrl.distributed.MODES
+LAUNCHER_CHOICES: tuple[str, ...] = ("local", "ray")  # trainer.launcher = jaxrl.ray_backend.LAUNCHERS
+RAY_RESOURCE_CHOICES: tuple[str, ...] = ("auto", "GPU", "TPU", "CPU")  # trainer.ray.resource
 PLACEMENT_CHOICES: tuple[str, ...] = ("colocated", "split")  # = jaxrl.workers.placement.PLACEMENTS
 MESH_AXIS_CHOICES: tuple[str, ...] = ("data", "fsdp", "tensor")  # = sharding.mesh.MESH_AXES
 # Logical axis names the decoder / value model parameters carry, plus "batch" (= the rows of every batch array);
@@ -332,6 +334,22 @@ class DistributedConfig:
 
 
 @dataclass
+class RayConfig:
+    """``trainer.ray.*``: how the Ray launcher (``trainer.launcher=ray``) places the run's hosts on a Ray cluster
+    (jaxrl). One bundle per host, each on a distinct node, one actor per bundle holding all of that host's
+    accelerators; see :mod:`jaxrl.ray_backend` and the README's "Ray cluster".
+    """
+
+    # the Ray resource each host's bundle holds trainer.n_gpus_per_node of: GPU | TPU (one TPU slice, placed with
+    # ray.util.tpu) | CPU (a bundle of 1 CPU per node, devices from the platform or trainer.distributed.
+    # local_device_count); auto = TPU when the cluster has TPUs, else GPU when it has GPUs, else CPU
+    resource: str = "auto"
+    tpu_topology: Optional[str] = None  # TPU: the slice topology, e.g. 2x2x2; null = the TPU nodes' label
+    tpu_accelerator: Optional[str] = None  # TPU: the generation, e.g. v4, v5p, v6e; null = the TPU nodes' label
+    placement_timeout_s: int = 300  # how long the driver waits for the cluster to hold every host (then exit 1)
+
+
+@dataclass
 class TrainerConfig:
     """``trainer.*``: loop length, validation/checkpoint cadence, logging, world size."""
 
@@ -373,6 +391,15 @@ class TrainerConfig:
     # 'trainer.sharding_rules={embed: null}' (a dotted trainer.sharding_rules.embed=... is not a key).
     sharding_rules: Optional[dict[str, Any]] = None
     distributed: DistributedConfig = field(default_factory=DistributedConfig)  # jaxrl: the processes' world
+    # jaxrl: who starts the run's processes. "local": this process is (one process of) the run; "ray": this
+    # process is a thin driver that places one actor per host on the Ray cluster at RAY_ADDRESS (trainer.nnodes
+    # hosts x trainer.n_gpus_per_node accelerators), each running this same command as one process of the world.
+    # null = "ray" when RAY_ADDRESS is set (`ray job submit` sets it for its entrypoint), else "local".
+    launcher: Optional[str] = None
+    # jaxrl, Ray launcher only: times the driver restarts the whole group after a failure, each restart resuming from
+    # the newest checkpoint in trainer.default_local_dir (0 = the first failure ends the run)
+    max_restarts: int = 0
+    ray: RayConfig = field(default_factory=RayConfig)  # jaxrl: trainer.launcher=ray placement
 
 
 # ------------------------------------------------------------------------------ rewards

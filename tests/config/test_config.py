@@ -589,14 +589,16 @@ def test_compat_tables_are_consistent():
     }
 
 
-def test_dataclass_defaults_match_loaded_defaults():
+def test_dataclass_defaults_match_loaded_defaults(monkeypatch):
     """The schema is the single source of truth: the loader adds nothing but the documented fills."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     fresh = JaxRLConfig()
     loaded = load_config(None)
     assert loaded.algorithm == fresh.algorithm
     rm_model = dataclasses.replace(fresh.reward_model.model, input_tokenizer=fresh.actor_rollout_ref.model.path)
     assert loaded.reward_model == dataclasses.replace(fresh.reward_model, model=rm_model)  # ${...model.path}
-    assert loaded.trainer == dataclasses.replace(fresh.trainer, default_local_dir="checkpoints/verl_examples/gsm8k")
+    assert loaded.trainer == dataclasses.replace(fresh.trainer, default_local_dir="checkpoints/verl_examples/gsm8k",
+                                                 launcher="local")  # null -> local without RAY_ADDRESS
     assert loaded.actor_rollout_ref.actor == fresh.actor_rollout_ref.actor
     assert loaded.actor_rollout_ref.model == fresh.actor_rollout_ref.model
     assert yaml.safe_load(config_to_yaml(loaded))["trainer"]["logger"] == fresh.trainer.logger
