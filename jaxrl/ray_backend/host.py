@@ -101,11 +101,13 @@ class HostAgent:
 
     def _pump(self, stream, name: str) -> None:
         for raw in iter(stream.readline, b""):
-            text = raw.decode("utf-8", errors="replace").rstrip("\n")
+            # a progress bar redraws with "\r": each redraw is a line of its own, so each gets its rank prefix
+            parts = [p for p in raw.decode("utf-8", errors="replace").rstrip("\n").split("\r") if p.strip()] or [""]
             with self._lock:
-                self._lines.append((name, text))
-                if name == "err" and text.strip():
-                    self._tail.append(text)
+                for text in parts:
+                    self._lines.append((name, text))
+                    if name == "err" and text.strip():
+                        self._tail.append(text)
         stream.close()
 
     def poll(self) -> dict[str, Any]:

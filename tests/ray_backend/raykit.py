@@ -212,3 +212,74 @@ def wait_http(url: str, timeout_s: float, proc=None) -> None:
             return
         time.sleep(0.5)
     raise AssertionError(f"{url} did not answer within {timeout_s} s")
+
+
+class CliHead:
+    """``ray start --head --block`` as a child of this test (its own session, loopback, free ports, a dashboard for
+    ``ray job submit``), plus extra nodes joined to it the way ``ray.cluster_utils.Cluster`` starts its worker
+    nodes (``ray start --address`` refuses under ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``). :meth:`shutdown` ends
+    the nodes by their handles and the head by its PID and process group, never ``ray stop``."""
+
+    def __init__(self, home: Path, env: dict[str, str], log: Path, *, num_cpus: int = 1, timeout_s: float = 120.0):
+        require_loopback_hostname()
+        require_ray()
+        self.home, self.nodes, self.tree = home, [], set()
+        self.gcs_port, self.dashboard_port = free_port(), free_port()
+        args = ["ray", "start", "--head", "--block", f"--port={self.gcs_port}", f"--num-cpus={num_cpus}",
+                "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
+                f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
+                f"--metrics-export-port={free_port()}", "--min-worker-port=0", "--max-worker-port=0",
+                f"--object-store-memory={200 * 1024 * 1024}", "--disable-usage-stats"]
+        self.log = open(log, "w")
+        self.proc = subprocess.Popen(args, env={**env, **_port_env()}, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        try:
+            wait_http(f"{self.dashboard_url}/api/version", timeout_s, self.proc)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.gcs_port}"
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    def add_node(self, **resources) -> None:
+        """Join a node (``num_cpus`` / ``num_gpus`` / ``resources`` as in ``Cluster.add_node``) to the head."""
+        from ray._private.node import Node  # what ray.cluster_utils.Cluster.add_node uses for its worker nodes
+        from ray._private.parameter import RayParams
+
+        params = RayParams(gcs_address=self.address, num_cpus=1, num_gpus=0, object_store_memory=150 * 1024 * 1024,
+                           min_worker_port=0, max_worker_port=0, include_log_monitor=False, node_manager_port=0,
+                           **resources)
+        params.dashboard_agent_listen_port = None
+        with patched_environ({"HOME": str(self.home), **RAY_ENV, **_port_env()}):
+            self.nodes.append(Node(params, head=False, shutdown_at_exit=True, spawn_reaper=True))
+
+    def pids(self) -> set[int]:
+        """The head's process tree and this process's descendants (the joined nodes), now."""
+        with contextlib.suppress(psutil.Error):
+            self.tree |= {self.proc.pid, *(p.pid for p in psutil.Process(self.proc.pid).children(recursive=True))}
+        return self.tree | {p.pid for p in psutil.Process().children(recursive=True)}
+
+    def shutdown(self) -> list[int]:
+        """End every node and the head; returns the PIDs still alive after 30 s (then killed)."""
+        everything = self.pids()
+        for node in self.nodes:
+            with contextlib.suppress(Exception):
+                node.kill_all_processes(check_alive=False, allow_graceful=True)
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # what `ray start` left in its session (dashboard modules)
+        self.proc.wait()
+        self.log.close()
+        left = wait_gone(everything - {os.getpid()}, 30)
+        kill_all(left)
+        return left
