@@ -96,9 +96,10 @@ def load_config_with_notes(config_path: str | Path | None, overrides: Sequence[s
     validate_mesh(obj, c)
     validate_rewards(obj, c)
     validate_cross(obj)
-    obj.trainer.launcher = resolve_launcher(obj.trainer.launcher)  # null -> ray when RAY_ADDRESS is set, else local
-    # the processes' world (JAXRL_* env / keys; with trainer.launcher=ray the world its driver will form), no jax
-    check_ray_launch(obj, resolve_world(obj.trainer.distributed))
+    spec = resolve_world(obj.trainer.distributed)  # the processes' world (JAXRL_* env / keys), no jax
+    # null -> ray when RAY_ADDRESS is set (and this process was given no world to join), else local
+    obj.trainer.launcher = resolve_launcher(obj.trainer.launcher, member=spec.mode != "local")
+    check_ray_launch(obj, spec)  # with trainer.launcher=ray: the world its driver will form
     check_declared_options(obj, given={key for key, _, _ in kept})
     notes.extend(uneven_mini_batch_notes(obj))
     return LoadedConfig(config=obj, notes=tuple(notes))
@@ -116,7 +117,8 @@ def load_config(config_path: str | Path | None, overrides: Sequence[str] = ()) -
     ``data.train_batch_size``; ``critic.model.{enable_gradient_checkpointing,dtype,param_dtype}`` null ->
     ``actor_rollout_ref.model``'s; ``critic.ppo_mini_batch_size``/``ppo_epochs`` null -> the actor's;
     ``critic.forward_micro_batch_size_per_gpu`` null -> ``critic.ppo_micro_batch_size_per_gpu``;
-    ``trainer.launcher`` null -> ``ray`` when ``RAY_ADDRESS`` is set, else ``local``.
+    ``trainer.launcher`` null -> ``ray`` when ``RAY_ADDRESS`` is set and no world is given to join (``JAXRL_*`` /
+    ``trainer.distributed``), else ``local``.
 
     Raises:
       ConfigError: see :func:`load_config_with_notes`.

@@ -394,7 +394,8 @@ class TrainerConfig:
     # jaxrl: who starts the run's processes. "local": this process is (one process of) the run; "ray": this
     # process is a thin driver that places one actor per host on the Ray cluster at RAY_ADDRESS (trainer.nnodes
     # hosts x trainer.n_gpus_per_node accelerators), each running this same command as one process of the world.
-    # null = "ray" when RAY_ADDRESS is set (`ray job submit` sets it for its entrypoint), else "local".
+    # null = "ray" when RAY_ADDRESS is set (`ray job submit` sets it for its entrypoint) and this process was given
+    # no world to join (JAXRL_* / trainer.distributed: a process of a run is never a driver), else "local".
     launcher: Optional[str] = None
     # jaxrl, Ray launcher only: times the driver restarts the whole group after a failure, each restart resuming from
     # the newest checkpoint in trainer.default_local_dir (0 = the first failure ends the run)

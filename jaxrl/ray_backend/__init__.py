@@ -37,16 +37,24 @@ LAUNCHERS: tuple[str, ...] = ("local", "ray")  # = jaxrl.config.schema.LAUNCHER_
 RAY_ADDRESS_ENV = "RAY_ADDRESS"
 
 
-def resolve_launcher(launcher: str | None, environ: Mapping[str, str] | None = None) -> str:
+def resolve_launcher(launcher: str | None, environ: Mapping[str, str] | None = None, *,
+                     member: bool = False) -> str:
     """The launcher a run uses: ``trainer.launcher`` when set, else ``"ray"`` when ``RAY_ADDRESS`` is set (``ray
     job submit`` sets it for its entrypoint, so verl's command line needs no new key), else ``"local"``.
+
+    Args:
+      launcher: ``trainer.launcher`` (None = decide from the environment).
+      environ: the environment (default ``os.environ``).
+      member: this process was given a world to join (``trainer.distributed`` / ``JAXRL_*`` describe one, e.g. it
+        was started by ``python -m jaxrl.launch``): it is one process of a run, never a driver, so an unset launcher
+        is ``"local"`` whatever ``RAY_ADDRESS`` says.
 
     Raises:
       ConfigError: ``launcher`` is not one of :data:`LAUNCHERS` (one line).
     """
     if launcher is None:
         env = os.environ if environ is None else environ
-        return "ray" if (env.get(RAY_ADDRESS_ENV) or "").strip() else "local"
+        return "ray" if (env.get(RAY_ADDRESS_ENV) or "").strip() and not member else "local"
     if launcher not in LAUNCHERS:
         raise ConfigError(f"trainer.launcher={launcher!r} is invalid; expected one of "
                           f"{', '.join(map(repr, LAUNCHERS))} or null (ray when {RAY_ADDRESS_ENV} is set)")

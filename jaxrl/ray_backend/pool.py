@@ -38,7 +38,11 @@ class PlacementTimeoutError(RuntimeError):
 
 def pick_resource(resource: str, cluster_resources: Mapping[str, float]) -> str:
     """The accelerator resource of each host's bundle: ``resource`` unless ``"auto"``, which picks ``"TPU"`` when the
-    cluster has TPUs, else ``"GPU"`` when it has GPUs, else ``"CPU"`` (``cluster_resources``: ``ray.cluster_resources()``).
+    cluster has TPUs, else ``"GPU"`` when it has GPUs, else ``"CPU"``.
+
+    Args:
+      resource: ``trainer.ray.resource``.
+      cluster_resources: the cluster's totals (``ray.cluster_resources()``).
     """
     if resource != "auto":
         return resource

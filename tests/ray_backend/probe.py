@@ -6,13 +6,17 @@ tests.ray_backend.probe -- MODE OUT_DIR``. It joins the world the driver describ
   devices of integer-valued floats (exact); it then writes ``OUT_DIR/ready-<i>`` and waits for ``OUT_DIR/go`` (the
   test reads the sockets meanwhile), then exits 0.
 * ``fail``: rank 1 raises right after joining while rank 0 waits in a barrier (``run_guarded``, as jaxrl.train).
+* ``sigterm``: each process writes ``ready-<i>`` and waits until SIGTERM reached any of them (``any_process``), then
+  records whether it got one itself and exits 0 (as the trainer saves and stops).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -33,6 +37,9 @@ def _wait_for(path: Path, timeout_s: float = 120.0) -> None:
 
 def main(argv: list[str]) -> int:
     mode, out = argv[0], Path(argv[1])
+    stop = threading.Event()
+    if mode == "sigterm":
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
     cfg = load_config("configs/quickstart.yaml", OVERRIDES)
     spec = distributed.initialize(cfg)
     import jax
@@ -49,6 +56,11 @@ def main(argv: list[str]) -> int:
         if rank == 1:
             raise RuntimeError("probe failure on rank 1")
         distributed.barrier("the failed process never comes")
+    elif mode == "sigterm":
+        (out / f"ready-{rank}").write_text("")
+        while not distributed.any_process(stop.is_set()):
+            time.sleep(0.1)
+        res["stopped_by_signal_here"] = stop.is_set()
     elif mode == "world":
         mesh = Mesh(np.array(jax.devices()), ("x",))
         host = np.arange(4 * 3, dtype=np.float32).reshape(4, 3) * 1.5  # exact in float32, sums too

@@ -252,9 +252,9 @@ class CliHead:
         from ray._private.node import Node  # what ray.cluster_utils.Cluster.add_node uses for its worker nodes
         from ray._private.parameter import RayParams
 
-        params = RayParams(gcs_address=self.address, num_cpus=1, num_gpus=0, object_store_memory=150 * 1024 * 1024,
-                           min_worker_port=0, max_worker_port=0, include_log_monitor=False, node_manager_port=0,
-                           **resources)
+        kwargs = dict(num_cpus=1, num_gpus=0, object_store_memory=150 * 1024 * 1024, min_worker_port=0,
+                      max_worker_port=0, include_log_monitor=False, node_manager_port=0)
+        params = RayParams(gcs_address=self.address, **{**kwargs, **resources})
         params.dashboard_agent_listen_port = None
         with patched_environ({"HOME": str(self.home), **RAY_ENV, **_port_env()}):
             self.nodes.append(Node(params, head=False, shutdown_at_exit=True, spawn_reaper=True))

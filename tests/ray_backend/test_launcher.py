@@ -33,6 +33,8 @@ def test_the_launcher_is_the_key_else_ray_exactly_when_ray_address_is_set():
     assert resolve_launcher(None, {"RAY_ADDRESS": "127.0.0.1:6379"}) == "ray"  # what `ray job submit` sets
     assert resolve_launcher("local", {"RAY_ADDRESS": "127.0.0.1:6379"}) == "local"
     assert resolve_launcher("ray", {}) == "ray"
+    # a process given a world to join (python -m jaxrl.launch, the Ray hosts) is never a driver
+    assert resolve_launcher(None, {"RAY_ADDRESS": "127.0.0.1:6379"}, member=True) == "local"
     with pytest.raises(ConfigError, match=r"trainer.launcher='slurm' is invalid; expected one of 'local', 'ray'"):
         resolve_launcher("slurm", {})
 
@@ -88,8 +90,9 @@ def test_bad_launcher_keys_are_one_line_errors(no_world, override, message):
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
 
-def test_a_host_process_of_the_ray_launcher_is_a_plain_member_of_its_world(no_world):
-    """What each host runs: the driver's arguments + trainer.launcher=local, with the JAXRL_* contract."""
+def test_a_process_given_a_world_is_a_plain_member_of_it(no_world):
+    """What each Ray host runs (the driver's arguments + trainer.launcher=local, with the JAXRL_* contract), and a
+    process of python -m jaxrl.launch in a shell that has RAY_ADDRESS set: members, not drivers."""
     no_world.setenv("RAY_ADDRESS", "127.0.0.1:6379")
     no_world.setenv("JAXRL_COORDINATOR_ADDRESS", "127.0.0.1:1234")
     no_world.setenv("JAXRL_NUM_PROCESSES", "2")
@@ -97,6 +100,7 @@ def test_a_host_process_of_the_ray_launcher_is_a_plain_member_of_its_world(no_wo
     cfg = load_config("configs/quickstart.yaml", [*TWO_HOSTS, "trainer.launcher=ray", "trainer.max_restarts=2",
                                                   "trainer.launcher=local", "trainer.max_restarts=0"])
     assert cfg.trainer.launcher == "local"
+    assert load_config("configs/quickstart.yaml", TWO_HOSTS).trainer.launcher == "local"
 
 
 def test_check_ray_launch_leaves_a_local_one_process_run_alone():

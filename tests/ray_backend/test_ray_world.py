@@ -1,17 +1,19 @@
 """The Ray backend on a 2-node ``ray.cluster_utils.Cluster`` (both nodes on 127.0.0.1, 2 logical GPUs each).
 
 The ``runs`` fixture starts the cluster, runs ``python -m jaxrl.ray_backend.driver --nnodes 2 --devices-per-host 2
---local-devices 2 --module tests.ray_backend.probe`` twice (mode ``world``, then mode ``fail``), records what it saw
-(the processes, their sockets while the world was up, the probes' reports), shuts the cluster down and records which
-process outlived it. The tests check the records: the pool put one actor on each node, the two hosts formed one JAX
-world of 4 devices with an exact psum, every socket was on loopback, a failing host ended the group at once with
-its rank and error named, and no process (actor, host process, Ray's own) was left.
+--local-devices 2 --module tests.ray_backend.probe`` three times (modes ``world``, ``fail``, ``sigterm``), records
+what it saw (the processes, their sockets while the world was up, the probes' reports), shuts the cluster down and
+records which process outlived it. The tests check the records: the pool put one actor on each node, the two hosts
+formed one JAX world of 4 devices with an exact psum, every socket was on loopback, a failing host ended the group at
+once with its rank and error named, SIGTERM to the driver reached every host, and no process (actor, host process,
+Ray's own) was left.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 
 import psutil
@@ -35,7 +37,8 @@ def _wait_files(paths, proc, read, timeout_s=120.0):
 
 
 def _actor_pids(stderr: str) -> dict[int, int]:
-    return {int(r): int(p) for r, p in re.findall(r"jaxrl: ray: rank (\d) on node \S+ \(\S+, actor pid (\d+)\)", stderr)}
+    found = re.findall(r"jaxrl: ray: rank (\d) on node \S+ \(\S+, actor pid (\d+)\)", stderr)
+    return {int(r): int(p) for r, p in found}
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +77,17 @@ def runs(tmp_path_factory):
         rec["fail_left"] = wait_gone(cluster.pids() - infra - {proc.pid}, 30)
         rec["fail_rank0_report"] = (fail_out / "rank0.json").exists()
         seen |= cluster.pids() - infra
+
+        term_out = tmp_path_factory.mktemp("sigterm")
+        args = [*DRIVER, "sigterm", str(term_out)]
+        with driver_process(args, env, module="jaxrl.ray_backend.driver") as (proc, read):
+            _wait_files([term_out / "ready-0", term_out / "ready-1"], proc, read)
+            seen |= cluster.pids() - infra
+            proc.send_signal(signal.SIGTERM)  # as `ray job stop` does to a job's entrypoint
+            rec["sigterm_rc"] = proc.wait(timeout=60)
+            rec["sigterm_stderr"] = read()[1]
+        rec["sigterm_ranks"] = [json.loads((term_out / f"rank{i}.json").read_text())
+                                for i in range(2) if (term_out / f"rank{i}.json").exists()]
     finally:
         everything = cluster.pids()
         cluster.shutdown()
@@ -127,6 +141,11 @@ def test_a_failing_host_ends_the_group_naming_its_rank_and_error(runs):
     assert runs["fail_s"] < 30, runs["fail_s"]  # rank 0 (waiting in a barrier) was ended, not timed out
     assert not runs["fail_rank0_report"]
     assert runs["fail_left"] == []
+
+
+def test_sigterm_to_the_driver_reaches_every_host(runs):
+    assert runs["sigterm_rc"] == 0, runs["sigterm_stderr"][-4000:]
+    assert [r["stopped_by_signal_here"] for r in runs["sigterm_ranks"]] == [True, True]
 
 
 def test_no_process_is_left(runs):
