@@ -274,6 +274,9 @@ def run_group(spec: GroupSpec, *, out: TextIO | None = None, err: TextIO | None 
     try:
         pool.reserve(spec.placement_timeout_s)
         print(f"{PREFIX} placed {pool.describe()}", file=err, flush=True)
+        if signals:  # stopped while waiting for the cluster: nothing was started
+            print(f"{PREFIX} stopped by signal {signals[0]} before the hosts started", file=err, flush=True)
+            return 128 + signals[0]
         attempt, extra = 0, ()
         while True:
             failure = _supervise(_Group(spec, pool, out, err), extra, signals)

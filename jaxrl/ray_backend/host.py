@@ -115,13 +115,13 @@ class HostAgent:
 
         Returns:
           ``{"lines": [(stream, text), ...], "returncode": None while it runs, else its exit status (-N: killed by
-          signal N), "tail": its last stderr lines once it ended (else [])}``; all its output is in ``lines`` by the
-          time a return code is reported.
+          signal N), "tail": its last stderr lines once it ended (else [])}``; the child's own output is in ``lines``
+          by the time a return code is reported.
         """
         code = None if self._proc is None else self._proc.poll()
-        if code is not None:
+        if code is not None:  # its last lines (a helper still holding the pipe is drained after stop())
             for t in self._pumps:
-                t.join(timeout=5)
+                t.join(timeout=0.5)
         with self._lock:
             lines, self._lines = self._lines, []
             tail = list(self._tail) if code is not None else []

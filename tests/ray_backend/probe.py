@@ -6,6 +6,7 @@ tests.ray_backend.probe -- MODE OUT_DIR``. It joins the world the driver describ
   devices of integer-valued floats (exact); it then writes ``OUT_DIR/ready-<i>`` and waits for ``OUT_DIR/go`` (the
   test reads the sockets meanwhile), then exits 0.
 * ``fail``: rank 1 raises right after joining while rank 0 waits in a barrier (``run_guarded``, as jaxrl.train).
+* ``single``: a run of one host (``trainer.nnodes=1``): no world to join (``local``), records its environment.
 * ``sigterm``: each process writes ``ready-<i>`` and waits until SIGTERM reached any of them (``any_process``), then
   records whether it got one itself and exits 0 (as the trainer saves and stops).
 """
@@ -40,7 +41,7 @@ def main(argv: list[str]) -> int:
     stop = threading.Event()
     if mode == "sigterm":
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    cfg = load_config("configs/quickstart.yaml", OVERRIDES)
+    cfg = load_config("configs/quickstart.yaml", [] if mode == "single" else OVERRIDES)
     spec = distributed.initialize(cfg)
     import jax
     from jax.sharding import Mesh
@@ -51,7 +52,8 @@ def main(argv: list[str]) -> int:
            "local_device_count": jax.local_device_count(), "mode": spec.mode, "bind": spec.coordinator_bind_address,
            "coordinator": os.environ.get("JAXRL_COORDINATOR_ADDRESS"), "pid": os.getpid(), "ppid": os.getppid(),
            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "cwd": os.getcwd(),
-           "ray_address": os.environ.get("RAY_ADDRESS")}
+           "ray_address": os.environ.get("RAY_ADDRESS"), "launcher": cfg.trainer.launcher,
+           "world_env": sorted(k for k in os.environ if k.startswith("JAXRL_") and k != "JAXRL_SHARED")}
     if mode == "fail":
         if rank == 1:
             raise RuntimeError("probe failure on rank 1")

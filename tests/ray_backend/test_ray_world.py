@@ -1,12 +1,12 @@
 """The Ray backend on a 2-node ``ray.cluster_utils.Cluster`` (both nodes on 127.0.0.1, 2 logical GPUs each).
 
 The ``runs`` fixture starts the cluster, runs ``python -m jaxrl.ray_backend.driver --nnodes 2 --devices-per-host 2
---local-devices 2 --module tests.ray_backend.probe`` three times (modes ``world``, ``fail``, ``sigterm``), records
-what it saw (the processes, their sockets while the world was up, the probes' reports), shuts the cluster down and
-records which process outlived it. The tests check the records: the pool put one actor on each node, the two hosts
-formed one JAX world of 4 devices with an exact psum, every socket was on loopback, a failing host ended the group at
-once with its rank and error named, SIGTERM to the driver reached every host, and no process (actor, host process,
-Ray's own) was left.
+--local-devices 2 --module tests.ray_backend.probe`` in modes ``world``, ``fail``, ``single`` (one host) and
+``sigterm``, records what it saw (the processes, their sockets while the world was up, the probes' reports), shuts the
+cluster down and records which process outlived it. The tests check the records: the pool put one actor on each node,
+the two hosts formed one JAX world of 4 devices with an exact psum, every socket was on loopback, a failing host ended
+the group at once with its rank and error named, one host ran as a plain single process, SIGTERM to the driver
+reached every host, and no process (actor, host process, Ray's own) was left.
 """
 
 from __future__ import annotations
@@ -78,6 +78,15 @@ def runs(tmp_path_factory):
         rec["fail_rank0_report"] = (fail_out / "rank0.json").exists()
         seen |= cluster.pids() - infra
 
+        one_out = tmp_path_factory.mktemp("single")
+        args = ["--nnodes", "1", "--devices-per-host", "2", "--module", "tests.ray_backend.probe", "--", "single",
+                str(one_out)]
+        with driver_process(args, env, module="jaxrl.ray_backend.driver") as (proc, read):
+            rec["single_rc"] = proc.wait(timeout=120)
+            rec["single_stderr"] = read()[1]
+        rec["single"] = json.loads((one_out / "rank0.json").read_text()) if (one_out / "rank0.json").exists() else {}
+        seen |= cluster.pids() - infra
+
         term_out = tmp_path_factory.mktemp("sigterm")
         args = [*DRIVER, "sigterm", str(term_out)]
         with driver_process(args, env, module="jaxrl.ray_backend.driver") as (proc, read):
@@ -141,6 +150,15 @@ def test_a_failing_host_ends_the_group_naming_its_rank_and_error(runs):
     assert runs["fail_s"] < 30, runs["fail_s"]  # rank 0 (waiting in a barrier) was ended, not timed out
     assert not runs["fail_rank0_report"]
     assert runs["fail_left"] == []
+
+
+def test_one_host_runs_as_a_plain_single_process(runs):
+    """verl's single-node command (trainer.nnodes=1) through Ray: one actor, a process that joins no world."""
+    assert runs["single_rc"] == 0, runs["single_stderr"][-4000:]
+    assert "jaxrl: ray: placed 1 host(s) x {CPU: 1, GPU: 2}" in runs["single_stderr"]
+    r = runs["single"]
+    assert (r["mode"], r["process_count"], r["world_env"]) == ("local", 1, [])
+    assert r["cuda_visible_devices"] == "0,1" and r["launcher"] == "local"
 
 
 def test_sigterm_to_the_driver_reaches_every_host(runs):
