@@ -6,7 +6,7 @@ counts the rows of one micro-batch on the whole mesh (8 rows, 2 per device) or p
 these tests hold across that change of meaning (issue 15, item 5).
 
 * 2 x 2 for 3 steps equals the 1 x 4 run in every non-timing metric (1e-5), with exactly one writer: one row per
-  step in ``metrics.jsonl`` (plus the step-0 validation), two ``val_generations.jsonl`` lines per validation, one
+  step in ``metrics.jsonl`` (plus the step-0 validation), ``val_generations.jsonl`` equal to the 1 x 4 run's, one
   ``hf_model/``, no lock or temporary file left;
 * resuming that run to step 4 (2 x 2) equals the uninterrupted 4-step run;
 * SIGKILL of one process in the middle of a step ends the launcher (non-zero) within heartbeat + 10 s, leaving no
@@ -71,8 +71,9 @@ def _launch(out: Path, steps: int, *extra: str, timeout: int = 1200) -> str:
 
 
 @pytest.fixture(scope="module")
-def reference(shared, tmp_path_factory) -> list[dict]:
-    """The uninterrupted 1 x 4 run, 4 steps: its metrics rows (step 0 = the validation before training)."""
+def reference(shared, tmp_path_factory) -> tuple[list[dict], list[dict]]:
+    """The uninterrupted 1 x 4 run, 4 steps: its metrics rows (step 0 = the validation before training) and its
+    ``val_generations.jsonl`` lines (the validation before training; ``test_freq=-1`` validates nothing else)."""
     out = tmp_path_factory.mktemp("one_by_four")
     env = {**child_env(), "JAXRL_LOCAL_DEVICE_COUNT": "4"}
     args = [sys.executable, "-m", "jaxrl.train", *COMMON, "trainer.nnodes=1", "trainer.n_gpus_per_node=4",
@@ -81,17 +82,23 @@ def reference(shared, tmp_path_factory) -> list[dict]:
     assert proc.returncode == 0, proc.stderr[-5000:]
     rows = _rows(out)
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
-    assert len((out / "val_generations.jsonl").read_text().splitlines()) == 2 * 2  # validations at 0 and 4
-    return rows
+    val = _val_lines(out)
+    assert val and {v["step"] for v in val} == {0}
+    return rows, val
+
+
+def _val_lines(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "val_generations.jsonl").read_text().splitlines()]
 
 
 def test_two_processes_equal_one_process_with_one_writer_and_resume_exactly(reference, tmp_path):
+    ref_rows, ref_val = reference
     _launch(tmp_path, 3, "trainer.save_freq=1")
     rows = _rows(tmp_path)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]  # one writer: each step once (two would double every row)
-    for got, want in zip(rows, reference):
-        _assert_equal_metrics(got, want, common_only=got["step"] == 3)  # step 3 validates here, not in the reference
-    assert len((tmp_path / "val_generations.jsonl").read_text().splitlines()) == 2 * 2  # validations at 0 and 3
+    for got, want in zip(rows, ref_rows):
+        _assert_equal_metrics(got, want)
+    assert _val_lines(tmp_path) == ref_val  # the same samples, written once
     hf = tmp_path / "hf_model"
     assert (hf / "model.safetensors").is_file() and (hf / "config.json").is_file()
     assert (tmp_path / "tokenizer").is_dir() and (tmp_path / "reward.png").is_file()
@@ -102,7 +109,7 @@ def test_two_processes_equal_one_process_with_one_writer_and_resume_exactly(refe
     assert "resumed from" in stderr and "at step 3" in stderr
     rows = _rows(tmp_path)
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
-    _assert_equal_metrics(rows[-1], reference[-1])  # step 4 (and its validation) as if never interrupted
+    _assert_equal_metrics(rows[-1], ref_rows[-1])  # step 4 as if never interrupted
 
 
 def test_sigkill_of_one_process_ends_the_run_and_the_same_command_resumes(reference, tmp_path):
@@ -126,5 +133,5 @@ def test_sigkill_of_one_process_ends_the_run_and_the_same_command_resumes(refere
     assert "resumed from" in stderr
     rows = _rows(tmp_path)
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]  # the killed step's row (if any) was dropped and redone
-    for got, want in zip(rows, reference):
+    for got, want in zip(rows, reference[0]):
         _assert_equal_metrics(got, want)

@@ -6,7 +6,8 @@
 - `test_quickstart_on_fake_pod_matches_local_launcher`: the quickstart for 2 steps through the launcher on the
   fake v4-32 and through `python -m jaxrl.launch --nproc 4 --local-devices 2` give the same non-timing metrics.
   On a real pod the hosts would pass `trainer.distributed.mode=auto` (jax reads the TPU metadata); the fake has
-  no metadata server, so it gives each host the JAXRL_* env contract instead and the mode resolves to `env`.
+  no metadata server, so it gives each host the JAXRL_* env contract instead and the hosts pass
+  `trainer.distributed.mode=env` (the launcher refuses a multi-host program that sets no mode).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def test_quickstart_on_fake_pod_matches_local_launcher(fake_pod, shared, tmp_pat
     pod_out = storage / "pod"
     r = fake_pod.launch("run", *pod_args("v4-32"), "--shared-storage", str(storage), "--env", f"JAXRL_SHARED={shared}",
                         "--", "python", "-m", "jaxrl.train", *QUICKSTART, f"trainer.default_local_dir={pod_out}",
-                        timeout=1500)
+                        "trainer.distributed.mode=env", timeout=1500)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert fake_pod.calls()[-1][3:5] == ["tpu-vm", "delete"]
     assert fake_pod.wait_no_leftovers() == []
