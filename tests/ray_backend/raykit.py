@@ -265,8 +265,8 @@ class CliHead:
             self.tree |= {self.proc.pid, *(p.pid for p in psutil.Process(self.proc.pid).children(recursive=True))}
         return self.tree | {p.pid for p in psutil.Process().children(recursive=True)}
 
-    def shutdown(self) -> list[int]:
-        """End every node and the head; returns the PIDs still alive after 30 s (then killed)."""
+    def shutdown(self) -> list[str]:
+        """End every node and the head; returns the processes still alive after 60 s (then killed), named."""
         everything = self.pids()
         for node in self.nodes:
             with contextlib.suppress(Exception):
@@ -280,6 +280,11 @@ class CliHead:
             os.killpg(self.proc.pid, signal.SIGKILL)  # what `ray start` left in its session (dashboard modules)
         self.proc.wait()
         self.log.close()
-        left = wait_gone(everything - {os.getpid()}, 30)
+        left = wait_gone(everything - {os.getpid()}, 60)
+        named = []
+        for pid in left:
+            with contextlib.suppress(psutil.Error):
+                p = psutil.Process(pid)
+                named.append(f"{pid} {' '.join(p.cmdline())[:100]} (parent {p.ppid()})")
         kill_all(left)
-        return left
+        return named
