@@ -159,7 +159,7 @@ def run(spec: LaunchSpec, stdin: str, limits: Limits) -> SandboxResult:
     exit_code, sig = (None, None) if killed_for is not None else _decode_status(rc, spec.backend)
     return SandboxResult(
         stdout=stdout, stderr=stderr, exit_code=exit_code, signal=sig, seconds=seconds, backend=spec.backend,
-        limit=killed_for or _limit_from_failure(exit_code, sig, stderr),
+        limit=killed_for or limit_from_failure(exit_code, sig, stderr),
     )
 
 
@@ -233,7 +233,7 @@ def _decode_status(rc: int, backend: str) -> tuple[int | None, int | None]:
     return rc, None
 
 
-def _limit_from_failure(exit_code: int | None, sig: int | None, stderr: str) -> str | None:
+def limit_from_failure(exit_code: int | None, sig: int | None, stderr: str) -> str | None:
     """Which limit a program that failed on its own most likely hit (see :class:`SandboxResult`)."""
     if exit_code == 0:
         return None
