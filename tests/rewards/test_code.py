@@ -4,6 +4,7 @@ run in the real bubblewrap sandbox, directly and through the reward manager's sc
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -234,3 +235,24 @@ def test_train_refuses_code_rows_without_a_sandbox_before_loading_the_model(tmp_
                           text=True, timeout=300)
     assert proc.returncode == 1 and "no_such_model" in proc.stderr, proc.stderr[-3000:]
     assert "UNISOLATED CODE EXECUTION" in proc.stderr
+
+
+def test_reward_timeout_kills_the_sandbox_too(bwrap_sandbox):
+    """Without a time budget a slow program outlives reward_model.timeout_s: the manager kills the scoring process
+    and the sandbox dies with it (bubblewrap's --die-with-parent): a counted timeout, nothing left running."""
+    import functools
+
+    from jaxrl.rewards.manager import RewardManager
+    from tests.sandbox.test_isolation import assert_nothing_left
+
+    tag = f"{time.time_ns() % 10**6}.{os.getpid() % 1000}7"
+    slow = CodeRewardSettings(sandbox=bwrap_sandbox, limits=Limits(wall_s=120, cpu_s=60), budget_s=None)
+    fn = functools.partial(default_compute_score, code=slow)
+    program = f"import subprocess\nsubprocess.run(['sleep', '{tag}'])"
+    with RewardManager(fn, timeout_s=3, num_workers=1) as rm:
+        t0 = time.monotonic()
+        out = rm.score(["codecontests", "codecontests"], [program, SUM_OK], [SUM_CASES, SUM_CASES], [None, None])
+        took = time.monotonic() - t0
+    assert (out.num_timeouts, out.num_errors) == (1, 0) and out.scores.tolist() == [0.0, 1.0]
+    assert took < 30
+    assert_nothing_left(lambda argv: argv[0].endswith("sleep") and argv[1:] == [tag])
