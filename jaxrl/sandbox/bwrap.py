@@ -129,10 +129,12 @@ def bwrap_prefix(bwrap: str, python: str, *, tmp_mb: int, code_fd: int, as_root:
     for f in SYSTEM_FILES:
         if os.path.exists(f):
             args += [*parents(f), "--ro-bind", f, f]
+    # /tmp before the Python installation: a virtual environment under /tmp stays visible (read-only) in it
+    args += ["--perms", "1777", "--size", str(tmp_mb << 20), "--tmpfs", WORKDIR]
+    made.add(WORKDIR)
     for d in python_dirs(python):
         args += [*parents(d), "--ro-bind", d, d]
     args += ["--proc", "/proc", "--dev", "/dev",
-             "--perms", "1777", "--size", str(tmp_mb << 20), "--tmpfs", WORKDIR,
              "--perms", "0644", "--file", str(code_fd), f"{WORKDIR}/main.py",
              "--remount-ro", "/", "--chdir", WORKDIR, "--"]
     return args
@@ -171,7 +173,7 @@ def check_bwrap(python: str | None = None) -> str:
     """
     from jaxrl.sandbox.errors import SandboxUnavailableError
 
-    python = python or sys.executable
+    python = os.path.realpath(python or sys.executable)
     bwrap, where = find_bwrap()
     if bwrap is None:
         raise SandboxUnavailableError(
