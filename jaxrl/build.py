@@ -178,17 +178,20 @@ def _check_context_lengths(cfg, policy_config=None) -> None:
 
 
 def _check_data_sources(cfg, train_rows, val_rows) -> None:
-    """``jaxrl.rewards.check_data_sources`` on the first rows of the train and validation files."""
+    """``jaxrl.rewards.check_data_sources`` on the first rows of the train and validation files; rows scored by
+    running code need a working sandbox (``jaxrl.rewards.factory.check_sandbox``)."""
     from jaxrl.rewards import CHECKED_ROWS, check_data_sources
+    from jaxrl.rewards.factory import check_sandbox
 
     custom = bool(cfg.custom_reward_function.path)
     # with a reward model that replaces the rule reward, rows marked style="model" never reach a rule function
     rm_only = cfg.reward_model.enable and cfg.reward_model.combine == "replace"
     for key, loaded in (("train_files", train_rows), ("val_files", val_rows)):
         rows = loaded.rows if loaded is not None else []
-        sources = (r.get("data_source") for r in rows[:CHECKED_ROWS]
-                   if not (rm_only and (r.get("reward_model") or {}).get("style") == "model"))
+        sources = [r.get("data_source") for r in rows[:CHECKED_ROWS]
+                   if not (rm_only and (r.get("reward_model") or {}).get("style") == "model")]
         check_data_sources(sources, custom_reward=custom, origin=f"data.{key}={getattr(cfg.data, key)!r}")
+        check_sandbox(cfg, sources)
 
 
 def _load_policy(model_cfg):

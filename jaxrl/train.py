@@ -117,6 +117,7 @@ def _main(argv: Sequence[str] | None) -> int:
     from jaxrl.rewards.factory import check_custom_reward
     from jaxrl.rewards.manager import RewardError
     from jaxrl.rewards.pool import WorkerStartError
+    from jaxrl.sandbox import SandboxUnavailableError
 
     try:
         check_custom_reward(loaded.config)  # a bad custom reward file fails now, before jax is imported
@@ -144,7 +145,8 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"jaxrl: error: {e}", file=sys.stderr)
         return 2
     except (FileNotFoundError, DataFileError, ModelFileError, NonFiniteTrainingError, CheckpointRestoreError,
-            CheckpointSaveError) as e:  # names the culprit and the fix (a failed final save: the newest checkpoint)
+            CheckpointSaveError, SandboxUnavailableError) as e:  # names the culprit and the fix (a failed final
+        # save: the newest checkpoint; no sandbox for code rows: what to install), exit 1
         print(f"jaxrl: error: {e}", file=sys.stderr)
         return 1
     except CustomRewardError as e:  # the custom reward file (changed since the check) or its signature

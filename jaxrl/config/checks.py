@@ -312,6 +312,20 @@ def validate_rewards(cfg: JaxRLConfig, c: Checks) -> None:
     if cfg.reward_model.math_verifier == "math_verify" and importlib.util.find_spec("math_verify") is None:
         c.fail("reward_model.math_verifier", "'rule', or install math-verify: pip install 'math-verify[antlr4_13_2]'")
     c.real("reward_model.overlong_buffer.penalty_factor", 0.0)
+    c.choice("reward_model.sandbox.isolation", schema.SANDBOX_ISOLATION_CHOICES)
+    c.choice("reward_model.sandbox.score", schema.CODE_SCORE_CHOICES)
+    c.real("reward_model.sandbox.wall_s", 0.0, lo_open=True)
+    c.real("reward_model.sandbox.cpu_s", 0.0, lo_open=True)
+    c.int_at_least("reward_model.sandbox.max_processes", 1)
+    c.int_at_least("reward_model.sandbox.max_output_bytes", 1)
+    c.int_at_least("reward_model.sandbox.tmp_mb", 1)
+    c.text("reward_model.sandbox_fusion.url", nullable=True)
+    url = cfg.reward_model.sandbox_fusion.url
+    if url is not None and not str(url).startswith(("http://", "https://")):
+        c.fail("reward_model.sandbox_fusion.url",
+               "null or a Sandbox Fusion run_code endpoint: http(s)://HOST:PORT/run_code")
+    c.int_at_least("reward_model.sandbox_fusion.max_concurrent", 1)
+    c.int_at_least("reward_model.sandbox_fusion.memory_limit_mb", 16)
     ob = cfg.reward_model.overlong_buffer
     if ob.enable and not (is_int(ob.len) and 1 <= ob.len <= cfg.data.max_response_length):
         c.fail(

@@ -215,7 +215,6 @@ NOTES: dict[str, str] = {
     "reward_model.reward_loop_module_path": _REWARD_LOOP,
     "reward_model.reward_loop_class_name": _REWARD_LOOP,
     "data.reward_fn_key": "the data source is read from each row's data_source field (verl's default)",
-    "reward_model.sandbox_fusion.*": "sandbox code execution rewards are not supported yet",
 }
 
 REQUIRED_VALUES: dict[str, tuple[Any, ...]] = {

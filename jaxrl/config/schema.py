@@ -54,6 +54,8 @@ RESUME_MODE_CHOICES: tuple[str, ...] = ("auto", "disable", "resume_path")  # = j
 REWARD_MANAGER_CHOICES: tuple[str, ...] = ("naive", "prime", "dapo", "batch")  # = jaxrl.rewards.manager.REWARD_MANAGERS
 MATH_VERIFIER_CHOICES: tuple[str, ...] = ("rule", "math_verify")  # = jaxrl.rewards.MATH_VERIFIERS
 RM_COMBINE_CHOICES: tuple[str, ...] = ("replace", "sum")  # reward_model.combine
+SANDBOX_ISOLATION_CHOICES: tuple[str, ...] = ("bwrap", "none")  # = jaxrl.sandbox.ISOLATIONS
+CODE_SCORE_CHOICES: tuple[str, ...] = ("fraction", "all_pass")  # = jaxrl.rewards.code.CODE_SCORES
 DISTRIBUTED_MODE_CHOICES: tuple[str, ...] = ("local", "env", "auto")  # = jaxrl.distributed.MODES
 LAUNCHER_CHOICES: tuple[str, ...] = ("local", "ray")  # trainer.launcher = jaxrl.ray_backend.LAUNCHERS
 RAY_RESOURCE_CHOICES: tuple[str, ...] = ("auto", "GPU", "TPU", "CPU")  # trainer.ray.resource
@@ -421,6 +423,33 @@ class OverlongBufferConfig:
 
 
 @dataclass
+class SandboxFusionConfig:
+    """``reward_model.sandbox_fusion.*`` (verl): a Sandbox Fusion server for code rewards."""
+
+    url: Optional[str] = None  # its run_code endpoint (http://HOST:PORT/run_code); null = jaxrl's local sandbox
+    max_concurrent: int = 64  # requests in flight at most (jaxrl: caps the scoring processes while url is set)
+    memory_limit_mb: int = 1024  # memory of each code run, in MiB (also for jaxrl's local sandbox)
+
+
+@dataclass
+class SandboxConfig:
+    """``reward_model.sandbox.*`` (jaxrl): how code rewards run model-written code on this machine (jaxrl.sandbox)
+    and how its test cases make a score. The memory limit is reward_model.sandbox_fusion.memory_limit_mb."""
+
+    # "bwrap": in bubblewrap (no network, read-only system and Python, private /tmp; refuses to start when bubblewrap
+    # does not work here). "none": unisolated, with this user's rights, network and files: ONLY FOR TRUSTED CODE
+    isolation: str = "bwrap"
+    # "fraction": the fraction of the first 10 test cases that pass (verl's continuous score); "all_pass": 1.0 when
+    # every test case passes, else 0.0
+    score: str = "fraction"
+    wall_s: float = 10.0  # wall seconds of one test case (verl: 10); a response's cases share 80% of timeout_s
+    cpu_s: float = 10.0  # CPU seconds of one test case
+    max_processes: int = 64  # processes and threads at once
+    max_output_bytes: int = 4194304  # stdout + stderr of one run, bytes; the run is killed past it
+    tmp_mb: int = 64  # size of the private writable /tmp, MiB
+
+
+@dataclass
 class RewardModelModelConfig:
     """``reward_model.model.*``: the reward model checkpoint (used when ``reward_model.enable``)."""
 
@@ -459,6 +488,8 @@ class RewardModelConfig:
     # (symbolic equivalence with the math-verify package)
     math_verifier: str = "rule"
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # DAPO overlong section
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)  # jaxrl: code rewards on this machine
+    sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)  # verl: a Sandbox Fusion server
 
 
 @dataclass
