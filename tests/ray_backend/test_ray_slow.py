@@ -15,7 +15,6 @@ the Ray launcher on simulated Ray nodes (all on 127.0.0.1), against the single-p
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -28,53 +27,26 @@ import psutil
 import pytest
 
 from jaxrl.checkpoint import latest_complete_step
-from tests.distributed.worldkit import REPO, child_env
+from tests.distributed.worldkit import REPO
+from tests.quickstart_reference import COMMON
+from tests.quickstart_reference import assert_equal_metrics as _assert_equal_metrics
+from tests.quickstart_reference import metric_rows as _rows
 from tests.ray_backend.raykit import (CliHead, LocalCluster, alive, driver_process, ray_process_env, require_ray,
                                       wait_gone)
 
 pytestmark = pytest.mark.slow
 
-MICRO = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8"]
-COMMON = ["--config", "configs/quickstart.yaml", "trainer.test_freq=-1", "trainer.log_val_generations=2",
-          "trainer.logger=[console,jsonl]", *MICRO]
 TWO_HOSTS = [*COMMON, "trainer.mesh.fsdp=4", "trainer.nnodes=2", "trainer.n_gpus_per_node=2",
              "trainer.ray.placement_timeout_s=120"]
 STEPS = 3
 KILL_S = 20  # the driver must end the group this fast after an actor dies
 
 
-def _rows(folder: Path) -> list[dict]:
-    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
-def _assert_equal_metrics(got: dict, want: dict) -> None:
-    """Every non-timing metric of ``want`` equal in ``got`` within 1e-5 (relative to max(1, |value|))."""
-    bad = []
-    for key, value in want.items():
-        if key.startswith(("timing_s/", "perf/throughput")) or not isinstance(value, (int, float)):
-            continue
-        if key not in got:
-            bad.append(f"{key} missing")
-        elif abs(got[key] - value) > 1e-5 * max(1.0, abs(value)):
-            bad.append(f"{key}: {got[key]} != {value}")
-    assert not bad, f"step {want.get('step')}: {bad}"
-
-
-@pytest.fixture(scope="module")
-def reference(shared, tmp_path_factory) -> list[dict]:
-    """The single-process 4-device run, 3 steps: its metrics rows (step 0 = the validation before training)."""
-    out = tmp_path_factory.mktemp("one_by_four")
-    env = {**child_env(), "JAXRL_LOCAL_DEVICE_COUNT": "4"}
-    env.pop("RAY_ADDRESS", None)
-    args = [sys.executable, "-m", "jaxrl.train", *COMMON, "trainer.mesh.fsdp=4", "trainer.nnodes=1",
-            "trainer.n_gpus_per_node=4", f"trainer.total_training_steps={STEPS}", f"trainer.default_local_dir={out}"]
-    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    rows = _rows(out)
-    assert [r["step"] for r in rows] == list(range(STEPS + 1))
-    return rows
+@pytest.fixture
+def reference(fsdp4_reference) -> list[dict]:
+    """The single-process 4-device run's metric rows of steps 0..STEPS (step 0 = the validation before training;
+    the 4-step reference is shared with tests/distributed)."""
+    return fsdp4_reference[0][: STEPS + 1]
 
 
 @pytest.fixture(scope="module")
