@@ -25,7 +25,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl.workers.seqlen import bucket
+from jaxrl.workers.seqlen import bucket, bucket_below
 
 __all__ = ["PACKED_KEYS", "at_scores", "micro_layout", "packed_micro", "padded_micro", "real_lengths", "scatter_rows",
            "spans", "to_slots"]
@@ -85,14 +85,15 @@ def packed_micro(arrays: dict[str, np.ndarray], slots: np.ndarray, prompt_width:
         and the ``[N, R]`` response arrays (``response_ids``, ``response_mask``, what the loss reads).
       slots: ``[G, S]`` batch rows per device (-1 = empty).
       prompt_width: ``P``.
-      max_row_tokens: the token budget, if any: ``T`` is bucketed (:func:`~jaxrl.workers.seqlen.bucket`) but never
-        above it.
+      max_row_tokens: the token budget, if any: ``T`` is then bucketed down from it
+        (:func:`~jaxrl.workers.seqlen.bucket_below`), else on the grid of :func:`~jaxrl.workers.seqlen.bucket`.
 
     Returns:
       the response arrays as :func:`padded_micro` gives them (``[G x S, R]``), plus ``input_ids``, ``positions``,
       ``segment_ids`` ``[G, T]`` int32, ``score_cols`` / ``score_ids`` ``[G, K]`` int32 (the column before each
       response token and that token's id; 0 on padding) and ``slot_index`` ``[G, S x R]`` int32 (index into the
-      row's ``K`` scoring columns; 0 where the response mask is 0). ``T`` and ``K`` are bucketed.
+      row's ``K`` scoring columns; 0 where the response mask is 0). ``T`` is bucketed on the fine grid (the
+      model's cost), ``K`` on powers of two (the LM head's), as ``S`` is by the planner.
     """
     g, s = slots.shape
     ids, mask = arrays["input_ids"], arrays["attention_mask"]
@@ -102,10 +103,11 @@ def packed_micro(arrays: dict[str, np.ndarray], slots: np.ndarray, prompt_width:
     start, end = spans(mask, prompt_width)
     row_tokens = [int(sum(end[i] - start[i] for i in row if i >= 0)) for row in slots]
     row_scores = [int(sum(end[i] - prompt_width for i in row if i >= 0)) for row in slots]
-    t = bucket(max(row_tokens))
-    if max_row_tokens is not None:
-        t = min(t, max(int(max_row_tokens), max(row_tokens)))
-    k = bucket(max(max(row_scores), 1))
+    if max_row_tokens is not None and max(row_tokens) <= max_row_tokens:
+        t = bucket_below(max(row_tokens), int(max_row_tokens))  # anchored at the budget: most rows share it
+    else:
+        t = bucket(max(row_tokens))
+    k = bucket(max(max(row_scores), 1), fine=False)
     input_ids = np.zeros((g, t), np.int32)
     positions = np.zeros((g, t), np.int32)
     segment_ids = np.zeros((g, t), np.int32)

@@ -23,11 +23,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["balanced_partitions", "bucket", "chunk_slots", "fixed_slots", "plan_slots", "token_budget_slots"]
+__all__ = ["balanced_partitions", "bucket", "bucket_below", "chunk_slots", "fixed_slots", "plan_slots", "token_budget_slots"]
 
 
-def bucket(n: int, minimum: int = 1) -> int:
-    """The smallest size ``>= n`` on the grid ``{2^k, 3 x 2^(k-1)}`` (less than 1.5 x ``n``), and ``>= minimum``.
+def bucket(n: int, minimum: int = 1, *, fine: bool = True) -> int:
+    """The smallest size ``>= n`` and ``>= minimum`` on the grid ``{2^k, 3 x 2^(k-1)}`` (less than 1.5 x ``n``;
+    ``fine=False``: powers of two only, less than 2 x ``n``, for the cheap dimensions).
 
     Raises:
       ValueError: ``n < 0`` or ``minimum < 1``.
@@ -38,9 +39,30 @@ def bucket(n: int, minimum: int = 1) -> int:
     p = 1 << max(0, (n - 1).bit_length() - 1)  # largest power of two < n (1 for n <= 2)
     if n <= p:
         return p
-    if n <= p + p // 2 and p >= 2:
+    if fine and n <= p + p // 2 and p >= 2:
         return p + p // 2
     return 2 * p
+
+
+def bucket_below(n: int, top: int) -> int:
+    """The smallest size ``>= n`` on the grid ``top x {1, 3/4, 1/2, 3/8, 1/4, ...}`` (rounded up to whole tokens):
+    packed rows under a token budget ``top`` mostly fill it, so most micro-batches share the one shape ``top``.
+
+    Raises:
+      ValueError: ``n > top`` or ``top < 1``.
+    """
+    if top < 1 or n > top:
+        raise ValueError(f"bucket_below({n}, top={top}): need 1 <= top and n <= top")
+    best, size = top, top
+    while size > 1:
+        for f in (3, 2):  # 3/4 then 1/2 of the current octave
+            cand = -(-size * f // 4)
+            if cand >= n:
+                best = min(best, cand)
+        size = -(-size // 2)
+        if size < n:
+            break
+    return max(best, int(n), 1)
 
 
 def balanced_partitions(weights: Sequence[int], k: int) -> list[list[int]]:
@@ -85,7 +107,7 @@ def balanced_partitions(weights: Sequence[int], k: int) -> list[list[int]]:
 
 def _slots(parts: list[list[int]], rows: np.ndarray, shards: int, per_row: int | None = None) -> np.ndarray:
     """``[shards, S]`` slots of one micro-batch from ``shards`` parts (positions into ``rows``), -1 padded."""
-    s = per_row if per_row is not None else bucket(max(1, max(len(p) for p in parts)))
+    s = per_row if per_row is not None else bucket(max(1, max(len(p) for p in parts)), fine=False)
     out = np.full((shards, s), -1, np.int64)
     for d, part in enumerate(parts):
         out[d, : len(part)] = rows[part]

@@ -25,7 +25,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl.config.batch_plan import RolePlan
-from jaxrl.distributed import to_host
+from jaxrl.distributed import to_global, to_host
 from jaxrl.workers.microbatch import check_row_shards, guarded_update, scan_accumulate, stack_micro
 from jaxrl.workers.packing import micro_layout, real_lengths
 from jaxrl.workers.seqlen import plan_slots
@@ -234,6 +234,13 @@ class TrainedRole:
         metrics[f"{self.name}/nonfinite_grad"] = 1.0 - finite.astype(jnp.float32)
         return new_params, new_opt_state, metrics
 
+    def _replicated(self, tree):
+        """Host values on the devices, replicated over the mesh (or on the default device without one)."""
+        if self.mesh is None:
+            return jax.device_put(tree)
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        return to_global(tree, replicated)
+
     def micro_slots(self, idx: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
         """The micro-batches of one mini-batch (rows ``idx``) as ``[shards, S]`` slot arrays
         (:func:`~jaxrl.workers.seqlen.plan_slots`; ``lengths`` are every batch row's real tokens)."""
@@ -256,7 +263,8 @@ class TrainedRole:
                 _, (m0, w0, _) = jax.eval_shape(
                     lambda p, m, e: self._micro_loss(p, m, num_tokens, num_seqs, width, e), params, micro, extra)
                 zero = lambda tree: {k: np.zeros(v.shape, v.dtype) for k, v in tree.items()}  # noqa: E731
-                acc = (self._zeros_fn(params), zero(m0), zero(w0), np.float32(0.0))
+                # on devices like the accumulated outputs, so the first call compiles the same program as the rest
+                acc = (self._zeros_fn(params),) + self._replicated((zero(m0), zero(w0), np.float32(0.0)))
             acc = self._accumulate_fn(params, acc, micro, num_tokens, num_seqs, extra,
                                       prompt_width=0 if packed else prompt_width)
         return acc
