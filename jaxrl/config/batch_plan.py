@@ -14,6 +14,11 @@ rollout.n; ppo_mini_batch_size //= world_size // ulysses_sp`` and a micro-batch 
 which must divide that per-rank mini-batch). ``ppo_mini_batch_size`` keeps verl's user-facing meaning, prompts per
 optimizer update over all devices: the plan's mini-batch rows are global, and each device's share is
 ``mini-batch rows / batch shards`` (:attr:`RolePlan.per_device_mini_batch_rows`).
+
+verl's token budgets (``use_dynamic_bsz`` with ``ppo_max_token_len_per_gpu``, ``log_prob_*``, the critic's) are per
+device too (:func:`token_budgets`); the plan keeps them per device (``RolePlan.max_token_len``,
+``forward_max_token_len``, ``BatchPlan.ref_max_token_len``) and the planner (:mod:`jaxrl.workers.seqlen`) gives every
+micro-batch at most that many real tokens on each of the ``batch_shards`` devices.
 """
 
 from __future__ import annotations

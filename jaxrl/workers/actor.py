@@ -2,7 +2,9 @@
 
 Both roles hold the decoder functionally (``graphdef`` + ``params`` from ``nnx.split``) so every phase is a
 pure jitted function of arrays. Rows are processed in fixed-size micro-batches (the last one padded with
-fully masked rows), so XLA compiles one program per phase regardless of the batch size.
+fully masked rows), so XLA compiles one program per phase regardless of the batch size; with
+``model.use_remove_padding`` on packed rows and with ``*_use_dynamic_bsz`` in token-budget micro-batches
+(:mod:`jaxrl.workers.seqlen`, :mod:`jaxrl.workers.packing`), one program per bucketed shape.
 
 The update is verl's ``DataParallelPPOActor.update_policy`` re-expressed in JAX; the epochs x shuffled
 mini-batches loop, the optimizer, the mesh placement and the metric averaging are the trained-role base's

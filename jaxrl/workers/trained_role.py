@@ -6,7 +6,10 @@ PPO update scheme (``DataParallelPPOActor.update_policy`` / ``DataParallelPPOCri
 ``ppo_mini_batch_size x rollout.n`` rows; each mini-batch is one optimizer update, its gradient accumulated over
 micro-batches inside one ``jax.jit`` (``lax.scan``, :func:`~jaxrl.workers.microbatch.scan_accumulate`) with the
 loss normalised by the whole mini-batch's token / sequence counts, so accumulation gives exactly the full
-mini-batch gradient. The sizes come from the role's :class:`~jaxrl.config.batch_plan.RolePlan`.
+mini-batch gradient. The sizes come from the role's :class:`~jaxrl.config.batch_plan.RolePlan`. With packed rows
+(``remove_padding``) or a token budget (``max_token_len``, verl's ``use_dynamic_bsz``) the micro-batches differ in
+shape, so each is one jitted accumulation (:meth:`TrainedRole._accumulate`, the same mini-batch-global
+normalisers) and the update a separate jitted step (:meth:`TrainedRole._apply`).
 
 :class:`TrainedRole` holds that scaffolding; a subclass supplies only its loss (:meth:`TrainedRole._micro_loss`),
 the per-row arrays the loss reads (:meth:`TrainedRole.minibatch_arrays`) and its forward pass.
