@@ -46,9 +46,15 @@ def test_packed_dynamic_run_matches_padded_first_step(shared, tmp_path, config, 
     a, b = padded[0], packed[0]
     for key in ("critic/score/mean", "response_length/mean", "perf/total_num_tokens"):
         assert a[key] == b[key], key  # same weights, same samples
+    # |p_trainer - p_rollout| is itself fp32 noise (~1e-6): its packed and padded values agree to that noise
+    tolerance = {"training/rollout_probs_diff_mean": 1e-6, "training/rollout_probs_diff_max": 1e-5}
+    bad = []
     for key in ["training/rollout_probs_diff_mean", "training/rollout_probs_diff_max", "actor/entropy"] + losses:
-        print(f"{config} {key}: padded {a[key]!r} packed {b[key]!r} |diff| {abs(a[key] - b[key]):.3g}")
-        np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-6, err_msg=key)
+        diff = abs(a[key] - b[key])
+        print(f"{config} {key}: padded {a[key]!r} packed {b[key]!r} |diff| {diff:.3g}")
+        if diff > tolerance.get(key, 1e-6) + 1e-4 * abs(a[key]):
+            bad.append(key)
+    assert not bad, bad
     for r in padded + packed:
         assert 0.05 < r["perf/cpu_memory_used_gb"] < 64  # the process's resident memory, GiB
         assert np.isfinite(r["actor/pg_loss"])

@@ -278,15 +278,15 @@ def test_packed_update_equals_padded_update():
 
 # ----------------------------------------------------------------------------------------------- compiled shapes
 def test_ragged_steps_compile_a_handful_of_programs():
-    """Sixteen steps of batches with random prompt / response lengths: bucketed packed shapes (row length anchored
+    """Twelve steps of batches with random prompt / response lengths: bucketed packed shapes (row length anchored
     at the token budget, scoring columns and sequences per row on powers of two) keep the compiled accumulation and
     log-prob programs to a few, one per layout shape met, and the later steps add (almost) none."""
-    graphdef, params = nnx.split(Decoder(tiny_model_config("llama"), rngs=nnx.Rngs(6)))
+    graphdef, params = nnx.split(Decoder(tiny_model_config("llama", num_hidden_layers=1), rngs=nnx.Rngs(6)))
     actor = make_actor(graphdef, params, 16, remove_padding=True, max_token_len=40)
     actor.log_prob.max_token_len = 40
     actor.init_optimizer()
     layouts, counts = set(), []
-    for step in range(16):
+    for step in range(12):
         batch = ragged_batch(n=16, seed=100 + step)
         actor.compute_log_probs(batch)
         actor.update(batch)
@@ -299,7 +299,7 @@ def test_ragged_steps_compile_a_handful_of_programs():
     assert counts[-1] == len(layouts)  # one program per layout shape, none per step
     print("programs after each step:", counts)
     assert counts[-1] <= 8, (counts, layouts)
-    assert counts[-1] - counts[7] <= 2, counts  # the second half of the run meets almost no new shape
+    assert counts[-1] - counts[5] <= 2, counts  # the second half of the run meets almost no new shape
     assert actor.log_prob._fn._cache_size() <= 8
 
 def test_plan_slots_fixed_matches_row_chunks():
