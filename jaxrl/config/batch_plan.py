@@ -213,6 +213,8 @@ class RolePlan:
                             (self.forward_max_token_key, self.forward_max_token_len)):
             if budget is not None and budget < 1:
                 raise ValueError(f"{key}={budget} must be >= 1 (real tokens per device per micro-batch)")
+        if self.forward_rows < 1:
+            raise ValueError(f"{self.forward_key} must be >= 1, got {self.forward_rows}")
         per_gpu = self.micro_batch_size_per_gpu
         if self.max_token_len is not None:
             return  # token-budget micro-batches: the update's row count is not used (verl ignores it too)
@@ -224,8 +226,6 @@ class RolePlan:
                 f"{self.section}.ppo_mini_batch_size*rollout.n = {self.mini_batch_rows}{where} must be divisible by "
                 f"{self.micro_key} = {per_gpu if per_gpu is not None else self.micro_batch_rows}{mesh}"
             )
-        if self.forward_rows < 1:
-            raise ValueError(f"{self.forward_key} must be >= 1, got {self.forward_rows}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -327,9 +327,9 @@ class BatchPlan:
         )
 
     def micro_batches(self, *, critic: bool, reward_model: bool) -> list[MicroBatch]:
-        """Every micro-batch a jitted phase runs (what must split over a mesh's batch axes): the actor's update and
-        log-prob calls, the reference's, the critic's update and value calls (``critic``) and the reward model's
-        (``reward_model``, when its size is set)."""
+        """Every fixed-size micro-batch a jitted phase runs (what must split over a mesh's batch axes): the actor's
+        update and log-prob calls, the reference's, the critic's update and value calls (``critic``) and the reward
+        model's (``reward_model``, when its size is set); passes under a token budget are left out."""
         a, c = self.actor, self.critic
         out = [
             MicroBatch(a.micro_key, a.micro_batch_size_per_gpu, a.micro_batch_rows, "the whole mini-batch"),
@@ -337,6 +337,13 @@ class BatchPlan:
             MicroBatch("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", self.ref_log_prob_per_gpu,
                        self.ref_log_prob_rows, f"the actor's log-prob micro-batch ({a.forward_key})"),
         ]
+        # a pass under a token budget (use_dynamic_bsz) does not use its row count
+        unused = {a.micro_key} if a.max_token_len is not None else set()
+        unused |= {a.forward_key} if a.forward_max_token_len is not None else set()
+        if self.ref_max_token_len is not None:
+            unused.add("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu")
+        if c.max_token_len is not None:
+            unused |= {c.micro_key, c.forward_key}
         if reward_model and self.reward_model_rows is not None:
             out.append(MicroBatch("reward_model.micro_batch_size_per_gpu", self.reward_model_per_gpu,
                                   self.reward_model_rows, "the whole batch"))
@@ -344,4 +351,4 @@ class BatchPlan:
             out += [MicroBatch(c.micro_key, c.micro_batch_size_per_gpu, c.micro_batch_rows, "the whole mini-batch"),
                     MicroBatch(c.forward_key, c.forward_per_gpu, c.forward_rows,
                                f"the critic's update micro-batch ({c.micro_key})")]
-        return out
+        return [mb for mb in out if mb.key not in unused]

@@ -168,7 +168,7 @@ def check_mesh_batch_sizes(cfg: JaxRLConfig, sizes: dict[str, int]) -> None:
                 f"of {shards}"
             )
         per_gpu, per_device = role.micro_batch_size_per_gpu, role.per_device_mini_batch_rows
-        if per_gpu is not None and per_device % per_gpu:
+        if per_gpu is not None and role.max_token_len is None and per_device % per_gpu:
             raise ConfigError(
                 f"{role.micro_key}={per_gpu} (rows per device, as in verl) must divide the per-device mini-batch: "
                 f"{mini_s} / {dp_s} = {per_device}; a micro-batch is {per_gpu} x {shards} = {per_gpu * shards} rows "
@@ -250,7 +250,7 @@ def _check_mini_batches(cfg: JaxRLConfig, role: RolePlan) -> None:
             f"actor_rollout_ref.rollout.n={n} = {role.mini_batch_rows} responses per mini-batch is fewer "
             f"than the {world} devices ({world_s}); expected at least one response per device"
         )
-    if micro is not None and per_device % micro:
+    if micro is not None and role.max_token_len is None and per_device % micro:  # unused under a token budget
         raise ConfigError(
             f"{section}.ppo_micro_batch_size_per_gpu={micro} must divide the per-device mini-batch "
             f"{section}.ppo_mini_batch_size={mini} x "

@@ -596,6 +596,11 @@ def test_dynamic_batch_and_packing_keys_act_with_verl_defaults():
     assert "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1000 is below the longest sequence" in msg
     assert "valid: >= 1536" in msg and "\n" not in msg
     assert "ppo_max_token_len_per_gpu" in _error(None, ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=0"])
+    # under a token budget the micro-batch row count is unused, so verl's divisibility rule does not apply
+    odd = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"]
+    assert "must divide the per-device mini-batch" in _error(None, odd)
+    load_config(None, odd + ["actor_rollout_ref.actor.use_dynamic_bsz=True"])
 
 
 def test_wildcards_never_swallow_schema_typos():

@@ -280,7 +280,7 @@ def test_packed_update_equals_padded_update():
 def test_ragged_steps_compile_a_handful_of_programs():
     """Twelve steps of batches with random prompt / response lengths: bucketed packed shapes (row length anchored
     at the token budget, scoring columns and sequences per row on powers of two) keep the compiled accumulation and
-    log-prob programs to a few, one per layout shape met, and the later steps add (almost) none."""
+    log-prob programs to a few, one per layout shape met, and the later steps add none."""
     graphdef, params = nnx.split(Decoder(tiny_model_config("llama", num_hidden_layers=1), rngs=nnx.Rngs(6)))
     actor = make_actor(graphdef, params, 16, remove_padding=True, max_token_len=40)
     actor.log_prob.max_token_len = 40
@@ -299,7 +299,7 @@ def test_ragged_steps_compile_a_handful_of_programs():
     assert counts[-1] == len(layouts)  # one program per layout shape, none per step
     print("programs after each step:", counts)
     assert counts[-1] <= 8, (counts, layouts)
-    assert counts[-1] - counts[5] <= 2, counts  # the second half of the run meets almost no new shape
+    assert len(set(counts[-4:])) == 1, counts  # the bucket grid is exhausted: the last steps compile nothing new
     assert actor.log_prob._fn._cache_size() <= 8
 
 def test_plan_slots_fixed_matches_row_chunks():
