@@ -280,7 +280,9 @@ def _build_actor_and_reference(cfg, graphdef, params, total_training_steps, plac
 
         ref_params = shard_state(ref_params, actor.param_shardings)
     ref = _Reference(LogProbComputer(graphdef, micro_batch_size=plan.ref_log_prob_rows,
-                                     temperature=rollout_cfg.temperature,
+                                     temperature=rollout_cfg.temperature, remove_padding=plan.actor.remove_padding,
+                                     max_token_len=plan.ref_max_token_len,
+                                     max_token_key="actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
                                      **_mesh_args(placement)), ref_params)
     return actor, ref
 

@@ -134,9 +134,20 @@ def normalise(cfg: JaxRLConfig) -> None:
     if d.gen_batch_size is None:
         d.gen_batch_size = d.train_batch_size
     critic, model = cfg.critic, cfg.actor_rollout_ref.model
-    for name in ("enable_gradient_checkpointing", "dtype", "param_dtype"):
+    for name in ("enable_gradient_checkpointing", "dtype", "param_dtype", "use_remove_padding"):
         if getattr(critic.model, name) is None:
             setattr(critic.model, name, getattr(model, name))
+    # verl's dynamic-batch defaults (oc.select): the log-prob / reference / critic switches follow the actor's,
+    # their budgets the actor's (the critic's forward its update budget)
+    for section in (rollout, cfg.actor_rollout_ref.ref):
+        if section.log_prob_use_dynamic_bsz is None:
+            section.log_prob_use_dynamic_bsz = actor.use_dynamic_bsz
+        if section.log_prob_max_token_len_per_gpu is None:
+            section.log_prob_max_token_len_per_gpu = actor.ppo_max_token_len_per_gpu
+    if critic.use_dynamic_bsz is None:
+        critic.use_dynamic_bsz = actor.use_dynamic_bsz
+    if critic.forward_max_token_len_per_gpu is None:
+        critic.forward_max_token_len_per_gpu = critic.ppo_max_token_len_per_gpu
     if critic.ppo_mini_batch_size is None:
         critic.ppo_mini_batch_size = actor.ppo_mini_batch_size
     if critic.ppo_epochs is None:
@@ -205,6 +216,7 @@ def validate_sections(cfg: JaxRLConfig, c: Checks) -> None:
     c.int_at_least(f"{a}.ppo_mini_batch_size", 1)
     c.int_at_least(f"{a}.ppo_micro_batch_size_per_gpu", 1, nullable=True)
     c.int_at_least(f"{a}.ppo_epochs", 1)
+    c.int_at_least(f"{a}.ppo_max_token_len_per_gpu", 1)
     c.real(f"{a}.kl_loss_coef", 0.0)
     c.choice(f"{a}.kl_loss_type", schema.KL_LOSS_TYPE_CHOICES)
     c.real(f"{a}.entropy_coeff", 0.0)
@@ -240,6 +252,8 @@ def validate_sections(cfg: JaxRLConfig, c: Checks) -> None:
     if not (is_int(cfg.actor_rollout_ref.rollout.seed) and 0 <= cfg.actor_rollout_ref.rollout.seed < _MAX_SEED):
         c.fail(f"{r}.seed", f"an int in [0, {_MAX_SEED}) or null (= trainer.seed)")
     c.int_at_least("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", 1, nullable=True)
+    c.int_at_least(f"{r}.log_prob_max_token_len_per_gpu", 1)
+    c.int_at_least("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", 1)
     # algorithm
     c.choice("algorithm.adv_estimator", registry.ADV_ESTIMATORS.names())  # built-in + external_lib's
     c.real("algorithm.gamma", 0.0, 1.0)
@@ -261,6 +275,8 @@ def validate_sections(cfg: JaxRLConfig, c: Checks) -> None:
     c.int_at_least(f"{k}.ppo_micro_batch_size_per_gpu", 1, nullable=True)
     c.int_at_least(f"{k}.forward_micro_batch_size_per_gpu", 1, nullable=True)
     c.int_at_least(f"{k}.ppo_epochs", 1)
+    c.int_at_least(f"{k}.ppo_max_token_len_per_gpu", 1)
+    c.int_at_least(f"{k}.forward_max_token_len_per_gpu", 1)
     c.real(f"{k}.cliprange_value", 0.0)
     c.real(f"{k}.grad_clip", -math.inf)
     c.choice(f"{k}.loss_agg_mode", schema.LOSS_AGG_MODE_CHOICES)

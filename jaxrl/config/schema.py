@@ -98,7 +98,9 @@ class ModelConfig:
     enable_gradient_checkpointing: bool = True  # jax.checkpoint (remat) each decoder layer in the actor update
     dtype: str = "bfloat16"  # compute/activation dtype: "float32" | "bfloat16"
     param_dtype: str = "float32"  # master parameter + optimizer dtype (verl FSDP mixed precision keeps fp32)
-    use_remove_padding: bool = False  # accepted for verl parity, no-op: padding is masked, shapes bucketed
+    # True = the actor, reference (and, unless critic.model.use_remove_padding says otherwise, the critic) run their
+    # forward / backward on packed rows: several responses per row, no padding (jaxrl.workers.packing); exact
+    use_remove_padding: bool = False
 
 
 @dataclass
@@ -138,6 +140,10 @@ class ActorConfig:
     grad_clip: float = 1.0  # max global gradient norm; <= 0 disables clipping
     ppo_mini_batch_size: int = 256  # prompts per optimizer update (x rollout.n responses, / data-parallel size)
     ppo_micro_batch_size_per_gpu: Optional[int] = None  # responses per device per forward/backward; null = whole mini-batch
+    # True = micro-batches by a token budget instead of ppo_micro_batch_size_per_gpu: ceil(real tokens /
+    # (ppo_max_token_len_per_gpu x data-parallel devices)) balanced micro-batches per mini-batch (verl's seq-len balancing)
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 16384  # use_dynamic_bsz: real tokens per device per micro-batch (>= one sequence)
     ppo_epochs: int = 1  # passes over each RL batch
     shuffle: bool = False  # shuffle responses before splitting into mini-batches
     # False = skip the old-log-prob forward pass: with one update per step (ppo_epochs 1, one mini-batch) the old
@@ -183,6 +189,8 @@ class RolloutConfig:
     prompt_length: int = II("data.max_prompt_length")  # prompt width seen by the rollout
     response_length: int = II("data.max_response_length")  # response width seen by the rollout
     log_prob_micro_batch_size_per_gpu: Optional[int] = None  # responses per device per log-prob forward; null = all
+    log_prob_use_dynamic_bsz: Optional[bool] = None  # log-prob forward by a token budget; null = actor.use_dynamic_bsz
+    log_prob_max_token_len_per_gpu: Optional[int] = None  # its real tokens per device; null = actor.ppo_max_token_len_per_gpu
     micro_batch_size: Optional[int] = None  # jaxrl: max sequences per generate call; null = no cap
     # Tensor-parallel degree of the rollout engine: vLLM/JetStream, and the jax sampler when a mesh is on
     # (trainer.mesh / trainer.placement=split): the sampler's weights are split tensor-parallel over groups of this
@@ -206,6 +214,8 @@ class RefConfig:
     """``actor_rollout_ref.ref.*``: the frozen reference policy (for the KL loss / KL reward)."""
 
     log_prob_micro_batch_size_per_gpu: Optional[int] = None  # responses per device per ref forward; null = all
+    log_prob_use_dynamic_bsz: Optional[bool] = None  # ref forward by a token budget; null = actor.use_dynamic_bsz
+    log_prob_max_token_len_per_gpu: Optional[int] = None  # its real tokens per device; null = actor.ppo_max_token_len_per_gpu
 
 
 @dataclass
@@ -269,6 +279,9 @@ class CriticModelConfig:
     enable_gradient_checkpointing: Optional[bool] = None  # null = actor_rollout_ref.model's value (filled)
     dtype: Optional[str] = None  # compute dtype "float32" | "bfloat16"; null = actor_rollout_ref.model.dtype (filled)
     param_dtype: Optional[str] = None  # master param dtype; null = actor_rollout_ref.model.param_dtype (filled)
+    # packed rows for the value forward / backward; null = actor_rollout_ref.model.use_remove_padding (filled; verl's
+    # own default is false, so a verl command line that sets only the model key packs the critic here too)
+    use_remove_padding: Optional[bool] = None
 
 
 @dataclass
@@ -280,6 +293,9 @@ class CriticConfig:
     ppo_mini_batch_size: Optional[int] = None  # prompts per critic update (x rollout.n); null = actor's (filled)
     ppo_micro_batch_size_per_gpu: Optional[int] = None  # responses per device per fwd/bwd; null = whole mini-batch
     forward_micro_batch_size_per_gpu: Optional[int] = None  # responses/device per value forward; null = the above (filled)
+    use_dynamic_bsz: Optional[bool] = None  # micro-batches by a token budget (update and forward); null = the actor's
+    ppo_max_token_len_per_gpu: int = 32768  # use_dynamic_bsz: real tokens per device per update micro-batch
+    forward_max_token_len_per_gpu: Optional[int] = None  # the value forward's; null = ppo_max_token_len_per_gpu (filled)
     ppo_epochs: Optional[int] = None  # passes over each RL batch; null = actor's (filled)
     shuffle: bool = False  # shuffle responses before splitting into mini-batches
     cliprange_value: float = 0.5  # value clipping half-width around the rollout-time values, >= 0
