@@ -266,7 +266,8 @@ class CliHead:
         return self.tree | {p.pid for p in psutil.Process().children(recursive=True)}
 
     def shutdown(self) -> list[str]:
-        """End every node and the head; returns the processes still alive after 60 s (then killed), named."""
+        """End every node and the head (gracefully, then by PID after 20 s); returns the processes that survived even
+        SIGKILL for 30 s, named (none, unless something is stuck in the kernel)."""
         everything = self.pids()
         for node in self.nodes:
             with contextlib.suppress(Exception):
@@ -280,11 +281,14 @@ class CliHead:
             os.killpg(self.proc.pid, signal.SIGKILL)  # what `ray start` left in its session (dashboard modules)
         self.proc.wait()
         self.log.close()
-        left = wait_gone(everything - {os.getpid()}, 60)
+        # the second node's processes are this process's children (ray._private.node.Node): a graceful stop of a
+        # loaded machine can take long, so what is still there after 20 s is killed by PID; what survives even
+        # that is returned, named
+        kill_all(wait_gone(everything - {os.getpid()}, 20))
+        left = wait_gone(everything - {os.getpid()}, 30)
         named = []
         for pid in left:
             with contextlib.suppress(psutil.Error):
                 p = psutil.Process(pid)
                 named.append(f"{pid} {' '.join(p.cmdline())[:100]} (parent {p.ppid()})")
-        kill_all(left)
         return named
