@@ -310,18 +310,16 @@ def build_agent_loop(mt_cfg, engine, tokenizer, *, max_prompt_length: int) -> Ag
     """The :class:`AgentLoop` of a run's ``actor_rollout_ref.rollout.multi_turn`` section.
 
     Raises:
+      FileNotFoundError: no tool-config file at ``tool_config_path``.
       jaxrl.agent.tool_config.ToolConfigError: a bad tool-config YAML or ``env_class``.
+      jaxrl.sandbox.SandboxUnavailableError: a Python tool and no working bubblewrap.
     """
-    from jaxrl.agent.env import Environment
-    from jaxrl.agent.tool_config import ToolConfigError, import_object, load_tools
+    from jaxrl.agent.tool_config import load_env_class, load_tools
 
     tools = load_tools(mt_cfg.tool_config_path) if mt_cfg.tool_config_path else []
     env_factory = None
     if mt_cfg.env_class:
-        cls = import_object(mt_cfg.env_class, what="multi_turn.env_class")
-        if not (isinstance(cls, type) and issubclass(cls, Environment)):
-            raise ToolConfigError(f"multi_turn.env_class={mt_cfg.env_class!r} is not a subclass of "
-                                  "jaxrl.agent.env.Environment")
+        cls = load_env_class(mt_cfg.env_class)
         env_config = dict(mt_cfg.env_config or {})
         env_factory = lambda: cls(env_config)  # noqa: E731
     settings = MultiTurnSettings(

@@ -50,14 +50,15 @@ def load_tools(path: str | Path) -> list[Tool]:
     """Build the tools a tool-config YAML names, in order.
 
     Raises:
-      ToolConfigError: missing/unreadable file, no ``tools`` list, an entry without ``class_name``, a class that
+      FileNotFoundError: no file at ``path``.
+      ToolConfigError: a file that is not YAML, no ``tools`` list, an entry without ``class_name``, a class that
         is not a :class:`Tool` subclass, a bad schema, or two tools with the same function name.
     """
     import yaml
 
     p = Path(path)
     if not p.is_file():
-        raise ToolConfigError(f"multi_turn.tool_config_path={str(path)!r} does not exist")
+        raise FileNotFoundError(f"multi_turn.tool_config_path={str(path)!r} does not exist")
     try:
         doc = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
@@ -85,3 +86,30 @@ def load_tools(path: str | Path) -> list[Tool]:
     if dup:
         raise ToolConfigError(f"tool config {p}: function names {dup} appear more than once")
     return tools
+
+
+def load_env_class(path: str):
+    """The :class:`jaxrl.agent.env.Environment` subclass at import path ``path`` (``multi_turn.env_class``).
+
+    Raises:
+      ToolConfigError: it cannot be imported or is not an Environment subclass.
+    """
+    from jaxrl.agent.env import Environment
+
+    cls = import_object(path, what="multi_turn.env_class")
+    if not (isinstance(cls, type) and issubclass(cls, Environment)):
+        raise ToolConfigError(f"multi_turn.env_class={path!r} is not a subclass of jaxrl.agent.env.Environment")
+    return cls
+
+
+def check_multi_turn(mt_cfg) -> None:
+    """Fail fast on a run's ``multi_turn`` section (``python -m jaxrl.train`` calls it before jax loads): the tool
+    YAML loads, its classes import and build (a Python tool checks its sandbox), ``env_class`` imports.
+
+    Raises:
+      FileNotFoundError, ToolConfigError, jaxrl.sandbox.SandboxUnavailableError: see :func:`load_tools`.
+    """
+    if mt_cfg.tool_config_path:
+        load_tools(mt_cfg.tool_config_path)
+    if mt_cfg.env_class:
+        load_env_class(mt_cfg.env_class)

@@ -66,6 +66,10 @@ class PythonTool(Tool):
 
     Config: ``isolation`` (``"bwrap"`` | ``"none"``, as ``reward_model.sandbox.isolation``), ``sandbox_fusion_url``
     (run on a Sandbox Fusion server instead), ``wall_s``, ``cpu_s``, ``memory_mb`` (:class:`jaxrl.sandbox.Limits`).
+
+    Raises:
+      jaxrl.sandbox.SandboxUnavailableError: bubblewrap cannot run here (the message says what to install).
+      ValueError: a bad ``isolation`` / limit value.
     """
 
     default_schema = {
@@ -87,6 +91,7 @@ class PythonTool(Tool):
 
         c = self.config
         self.sandbox = make_sandbox(isolation=c.get("isolation", "bwrap"), fusion_url=c.get("sandbox_fusion_url"))
+        self.sandbox.check()  # no bubblewrap here: SandboxUnavailableError now, saying what to install
         self.limits = Limits(wall_s=float(c.get("wall_s", 10.0)), cpu_s=float(c.get("cpu_s", 10.0)),
                              memory_mb=int(c.get("memory_mb", 1024)))
 

@@ -86,7 +86,7 @@ def test_bad_tool_configs(tmp_path, body, msg):
     p.write_text(body)
     with pytest.raises(ToolConfigError, match=msg):
         load_tools(p)
-    with pytest.raises(ToolConfigError, match="does not exist"):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
         load_tools(tmp_path / "missing.yaml")
 
 
