@@ -34,12 +34,14 @@ def test_smollm2_python_tool_two_steps(shared, bwrap_sandbox, tmp_path):
         f"trainer.default_local_dir={out}", "data.train_batch_size=2", "data.max_prompt_length=512",
         "data.max_response_length=96", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.rollout.n=2",
-        "trainer.val_before_train=false", "trainer.test_freq=-1",
+        "trainer.val_before_train=true", "data.val_max_samples=2", "trainer.test_freq=-1",
         "actor_rollout_ref.rollout.multi_turn.enable=true",
         "actor_rollout_ref.rollout.multi_turn.tool_config_path=configs/tools/python_tool.yaml",
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
     ])
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    val = [r for r in records if "val-core/openai/gsm8k/reward/mean@1" in r]
+    assert len(val) == 1 and val[0]["step"] == 0  # validation ran the multi-turn loop before training
     train = [r for r in records if r["step"] > 0]
     assert [r["step"] for r in train] == [1, 2]
     for r in train:
