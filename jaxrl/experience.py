@@ -130,9 +130,11 @@ def extra_as_array(rew, key: str, default: np.ndarray) -> np.ndarray:
 
 
 def place_scores_on_last_token(scores: np.ndarray, response_mask: np.ndarray) -> np.ndarray:
-    """Token-level scores ``[N, R]``: each sequence score sits on its last valid response token (verl)."""
+    """Token-level scores ``[N, R]``: each sequence score sits on its last valid response token (verl): the last
+    position where ``response_mask`` is 1 (a multi-turn mask has holes: the last model token)."""
     out = np.zeros(response_mask.shape, np.float32)
-    last = np.maximum(response_mask.sum(-1) - 1, 0)
+    width = response_mask.shape[1]
+    last = width - 1 - np.argmax(response_mask[:, ::-1] != 0, axis=1)
     has = response_mask.sum(-1) > 0
     out[np.arange(len(scores))[has], last[has]] = scores[has]
     return out
@@ -242,6 +244,7 @@ class ExperienceMaker:
         batch = RLBatch(
             prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, response_ids=out.response_ids,
             response_mask=out.response_mask, group_ids=out.prompt_index, rollout_log_probs=out.rollout_log_probs,
+            response_attention_mask=out.response_attention_mask,
         )
         with timed("reward", timings):
             texts = decode_responses(self.tokenizer, batch.response_ids, batch.response_mask)
@@ -265,7 +268,8 @@ class ExperienceMaker:
                 base_texts = decode_responses(self.tokenizer, base_out.response_ids, base_out.response_mask)
                 base_batch = RLBatch(prompt_ids=base_out.prompt_ids, prompt_mask=base_out.prompt_mask,
                                      response_ids=base_out.response_ids, response_mask=base_out.response_mask,
-                                     group_ids=base_out.prompt_index)
+                                     group_ids=base_out.prompt_index,
+                                     response_attention_mask=base_out.response_attention_mask)
                 base = self.score(prompts.rows, base_out.prompt_index, base_batch, base_texts, {}).scores
                 if base_env is not None:
                     base = base + base_env

@@ -144,8 +144,9 @@ class AgentLoop:
 
         Returns:
           :class:`MultiTurnOutput`: ``prompt_ids`` ``[N, P]`` (left-padded, ``P`` the longest first prompt rounded
-          up to 32), ``response_ids`` / ``response_mask`` / ``rollout_log_probs`` ``[N, R]``, ``prompt_index``
-          ``[N]`` (rows ``i*n .. i*n+n-1`` from row ``i``).
+          up to 32), ``response_ids`` / ``response_mask`` / ``rollout_log_probs`` ``[N, R]``,
+          ``response_attention_mask`` ``[N, R]`` (1 on model and tool / user tokens: what the trainer's forward
+          attends to), ``prompt_index`` ``[N]`` (rows ``i*n .. i*n+n-1`` from row ``i``).
         """
         n, budget = params.n, params.max_new_tokens
         seed = params.seed if rng_seed is None else int(rng_seed)
@@ -279,14 +280,15 @@ class AgentLoop:
         ids = np.full((rows, budget), self.pad, np.int32)
         mask = np.zeros((rows, budget), np.int32)
         logp = np.zeros((rows, budget), np.float32)
+        attn = np.zeros((rows, budget), np.int32)
         for i, s in enumerate(states):
             prompt_ids[i, width - s.prompt_len:] = s.ctx[: s.prompt_len]
             prompt_mask[i, width - s.prompt_len:] = 1
             k = len(s.ids)
-            ids[i, :k], mask[i, :k], logp[i, :k] = s.ids, s.mask, s.logp
+            ids[i, :k], mask[i, :k], logp[i, :k], attn[i, :k] = s.ids, s.mask, s.logp, 1
         index = np.repeat(np.arange(rows // n, dtype=np.int32), n)
         return RolloutOutput(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=ids, response_mask=mask,
-                             rollout_log_probs=logp, prompt_index=index)
+                             rollout_log_probs=logp, prompt_index=index, response_attention_mask=attn)
 
     def _metrics(self, states: list[_Row], m: dict) -> dict[str, float]:
         turns = np.asarray([s.assistant_turns for s in states], np.float32)

@@ -112,6 +112,8 @@ def test_tool_turns_masks_logprobs_and_template(which, request):
         else:  # plain ChatML: a "tool" role turn
             assert tool_text == "\n<|im_start|>tool\n11<|im_end|>\n<|im_start|>assistant\n"
         assert out.response_ids[i, c1 - 1] == stop and (out.response_ids[i, c1:] == tok.pad_token_id).all()
+        # the trainer attends to model and tool tokens alike, and to nothing after the last model token
+        assert out.response_attention_mask[i, :c1].all() and not out.response_attention_mask[i, c1:].any()
     # the second call re-prefilled prompt + turn 1 + tool tokens exactly
     ctx2 = engine.calls[1][0][0]
     first = out.prompt_ids[0][out.prompt_mask[0].astype(bool)].tolist()

@@ -4,6 +4,8 @@ turn keeps log-probs that equal a plain forward pass over the whole conversation
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +14,7 @@ from flax import nnx
 
 from jaxrl.agent.loop import AgentLoop, MultiTurnSettings
 from jaxrl.agent.tools import CalculatorTool
+from jaxrl.batch import RLBatch
 from jaxrl.models.decoder import Decoder
 from jaxrl.rollout import JaxSampler, SamplingParams
 from tests.helpers import tiny_model_config
@@ -59,15 +62,25 @@ def test_qwen3_tool_call_parsed_masked_and_log_probs_aligned(shared):
     assert tool_text == "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
     assert not mask[a:b].any() and not out.rollout_log_probs[0, a:b].any()
     assert res.metrics["multi_turn/tool_calls"] == 1 and res.metrics["multi_turn/tool_errors"] == 0
-    # the real turn: greedy tokens whose rollout log-probs equal a full forward over prompt + response
+    # the real turn: greedy tokens whose rollout log-probs equal a forward over the trainer's own inputs
+    # (RLBatch: left-padded prompt + response, attention on model and tool tokens, positions from that mask)
     end = b + int(mask[b:].sum())
     assert end > b and mask[b:end].all()
-    prompt = out.prompt_ids[0][out.prompt_mask[0].astype(bool)].tolist()
-    seq = np.asarray(prompt + out.response_ids[0, :end].tolist(), np.int32)[None]
-    logits = model(jnp.asarray(seq), jnp.arange(seq.shape[1], dtype=jnp.int32)[None], jnp.ones_like(seq))[0]
+    assert out.response_attention_mask[0, :end].all() and not out.response_attention_mask[0, end:].any()
+    batch = RLBatch(prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, response_ids=out.response_ids,
+                    response_mask=out.response_mask, group_ids=out.prompt_index,
+                    response_attention_mask=out.response_attention_mask)
+    p = batch.prompt_width
+    logits = model(jnp.asarray(batch.input_ids()), jnp.asarray(batch.positions()), jnp.asarray(batch.attention_mask()))[0]
     lp = np.asarray(jax.nn.log_softmax(logits[0].astype(jnp.float32), axis=-1))
     for t in range(b, end):
-        pos = len(prompt) + t - 1
         tokid = out.response_ids[0, t]
-        assert tokid == int(np.argmax(lp[pos]))  # greedy
-        assert abs(out.rollout_log_probs[0, t] - lp[pos, tokid]) < 2e-4
+        assert tokid == int(np.argmax(lp[p + t - 1]))  # greedy
+        assert abs(out.rollout_log_probs[0, t] - lp[p + t - 1, tokid]) < 2e-4
+    # with the loss mask as attention mask (the tool tokens hidden) the same tokens would score differently
+    hidden = dataclasses.replace(batch, response_attention_mask=None)
+    logits2 = model(jnp.asarray(hidden.input_ids()), jnp.asarray(hidden.positions()),
+                    jnp.asarray(hidden.attention_mask()))[0]
+    lp2 = np.asarray(jax.nn.log_softmax(logits2[0].astype(jnp.float32), axis=-1))
+    diffs = [abs(out.rollout_log_probs[0, t] - lp2[p + t - 1, out.response_ids[0, t]]) for t in range(b, end)]
+    assert max(diffs) > 1e-3
