@@ -3,7 +3,9 @@ until a turn makes no call, a turn limit is reached or the response token budget
 on any :class:`jaxrl.rollout.base.RolloutEngine`).
 
 Each turn re-prefills every unfinished conversation (prompt + everything so far) through ``engine.generate``: the
-engine's KV cache is not kept between turns (``multi_turn/prefill_tokens`` counts what that costs). One response
+engine's KV cache is not kept between turns (``multi_turn/prefill_tokens`` counts what that costs). Every turn
+asks the engine for the full budget ``R`` of new tokens (one compiled shape per prompt-width bucket, not one per
+remaining budget) and keeps what fits; the sampler stops when every row has hit a stop token. One response
 row ``[R]`` holds all turns back to back: model tokens (``response_mask`` 1, their rollout log-probs) and the
 tool / user tokens between them (mask 0, log-prob 0), so only model tokens are trained.
 """
