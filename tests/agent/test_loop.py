@@ -9,7 +9,7 @@ import pytest
 
 from jaxrl.agent.loop import AgentLoop, MultiTurnSettings
 from jaxrl.agent.env import RetryAnswerEnv
-from jaxrl.agent.tools import CalculatorTool, Tool, ToolResult
+from jaxrl.agent.tools import CalculatorTool, Tool
 from jaxrl.rollout.base import RolloutOutput, SamplingParams
 
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s"}}\n</tool_call>'

@@ -9,7 +9,6 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from flax import nnx
 
 from jaxrl.agent.loop import AgentLoop, MultiTurnSettings
