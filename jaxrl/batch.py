@@ -36,6 +36,9 @@ class RLBatch:
       values: float32 ``[N, R]``, the critic's values before the update (PPO/GAE); value at response token
         ``j`` is read from the state before emitting it.
       reward_baselines: float32 ``[N]``, ReMax's baseline: the score of a greedy response to the same prompt.
+      response_attention_mask: int32 ``[N, R]``, multi-turn rollouts only: 1 on every real response token (the
+        model's and the tool / user tokens between its turns, which the model attends to but is not trained on:
+        ``response_mask`` is 0 there). None (single-turn): ``response_mask`` is also the attention mask.
     """
 
     prompt_ids: np.ndarray
@@ -52,6 +55,7 @@ class RLBatch:
     returns: np.ndarray | None = None
     values: np.ndarray | None = None
     reward_baselines: np.ndarray | None = None
+    response_attention_mask: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -70,8 +74,10 @@ class RLBatch:
         return np.concatenate([self.prompt_ids, self.response_ids], axis=1).astype(np.int32)
 
     def attention_mask(self) -> np.ndarray:
-        """``[N, P + R]`` int32: 1 on real prompt tokens and valid response tokens."""
-        return np.concatenate([self.prompt_mask, self.response_mask], axis=1).astype(np.int32)
+        """``[N, P + R]`` int32: 1 on real prompt tokens and valid response tokens (with
+        ``response_attention_mask`` set: also the tool / user tokens of a multi-turn response)."""
+        resp = self.response_mask if self.response_attention_mask is None else self.response_attention_mask
+        return np.concatenate([self.prompt_mask, resp], axis=1).astype(np.int32)
 
     def positions(self) -> np.ndarray:
         """``[N, P + R]`` int32 RoPE positions: ``cumsum(mask) - 1`` clipped at 0 (left padding aware)."""

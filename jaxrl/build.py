@@ -341,7 +341,16 @@ def _build_experience_maker(cfg, rollout, tokenizer, reward, reward_model):
         max_new_tokens=rollout_cfg.max_new_tokens or cfg.data.max_response_length, algorithm_cfg=cfg.algorithm,
         train_batch_size=cfg.data.train_batch_size, reward_model=reward_model,
         reward_model_combine=cfg.reward_model.combine, prompt_key=cfg.data.prompt_key,
+        agent=_build_agent_loop(cfg, rollout, tokenizer) if rollout_cfg.multi_turn.enable else None,
     )
+
+
+def _build_agent_loop(cfg, rollout, tokenizer):
+    """The multi-turn loop (``rollout.multi_turn.enable``): the YAML's tools, the optional environment class."""
+    from jaxrl.agent.loop import build_agent_loop
+
+    return build_agent_loop(cfg.actor_rollout_ref.rollout.multi_turn, rollout, tokenizer,
+                            max_prompt_length=cfg.data.max_prompt_length)
 
 
 @dataclasses.dataclass

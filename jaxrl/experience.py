@@ -130,9 +130,11 @@ def extra_as_array(rew, key: str, default: np.ndarray) -> np.ndarray:
 
 
 def place_scores_on_last_token(scores: np.ndarray, response_mask: np.ndarray) -> np.ndarray:
-    """Token-level scores ``[N, R]``: each sequence score sits on its last valid response token (verl)."""
+    """Token-level scores ``[N, R]``: each sequence score sits on its last valid response token (verl): the last
+    position where ``response_mask`` is 1 (a multi-turn mask has holes: the last model token)."""
     out = np.zeros(response_mask.shape, np.float32)
-    last = np.maximum(response_mask.sum(-1) - 1, 0)
+    width = response_mask.shape[1]
+    last = width - 1 - np.argmax(response_mask[:, ::-1] != 0, axis=1)
     has = response_mask.sum(-1) > 0
     out[np.arange(len(scores))[has], last[has]] = scores[has]
     return out
@@ -156,11 +158,16 @@ class ExperienceMaker:
       reward_model: a :class:`jaxrl.workers.reward_model.RewardModelWorker` (``reward_model.enable``), or None.
       reward_model_combine: ``reward_model.combine`` (``"replace"`` / ``"sum"``).
       prompt_key: ``data.prompt_key`` (the raw prompt a re-tokenizing reward model reads).
+      agent: ``None`` (single-turn: ``rollout.generate`` on the prompt ids) or, with
+        ``rollout.multi_turn.enable``, a :class:`jaxrl.agent.loop.AgentLoop` over the same engine: it generates
+        from the rows' raw prompts (``prompt_key``) with tools, its ``multi_turn/*`` metrics join the round's and
+        its environment rewards are added to the scores.
     """
 
     def __init__(self, *, rollout, tokenizer, reward, rollout_cfg, max_new_tokens: int, algorithm_cfg,
                  train_batch_size: int, reward_model=None, reward_model_combine: str = "replace",
-                 prompt_key: str = "prompt"):
+                 prompt_key: str = "prompt", agent=None):
+        self.agent = agent
         self.rollout = rollout
         self.tokenizer = tokenizer
         self.reward = reward
@@ -233,10 +240,11 @@ class ExperienceMaker:
         """
         with timed("gen", timings):
             sp = sampling_params(self.rollout_cfg, self.max_new_tokens, validation=False, seed=seed)
-            out = self.rollout.generate(prompts.prompt_ids, sp)
+            out, env_rewards = self._generate(prompts, sp, metrics)
         batch = RLBatch(
             prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, response_ids=out.response_ids,
             response_mask=out.response_mask, group_ids=out.prompt_index, rollout_log_probs=out.rollout_log_probs,
+            response_attention_mask=out.response_attention_mask,
         )
         with timed("reward", timings):
             texts = decode_responses(self.tokenizer, batch.response_ids, batch.response_mask)
@@ -244,6 +252,8 @@ class ExperienceMaker:
             _add(metrics, "reward/num_errors", rew.num_errors)
             _add(metrics, "reward/num_timeouts", rew.num_timeouts)
             scores = rew.scores.astype(np.float32)
+            if env_rewards is not None:  # multi-turn environment rewards (jaxrl.agent.env), summed per response
+                scores = scores + env_rewards
             penalty = self.reward.overlong_penalty(batch.response_mask.sum(-1), batch.response_width)
             if penalty is not None:  # DAPO's soft overlong punishment (reward_model.overlong_buffer / dapo kwargs)
                 metrics["reward/overlong_penalty_mean"] = float(penalty.mean())
@@ -254,12 +264,15 @@ class ExperienceMaker:
         if "reward_baselines" in ADV_ESTIMATORS.entry(self.algorithm.adv_estimator).inputs:  # ReMax
             with timed("gen_max", timings):  # ReMax's baseline: the score of a greedy response to the same prompt
                 greedy = dataclasses.replace(sp, n=1, do_sample=False)
-                base_out = self.rollout.generate(prompts.prompt_ids, greedy)
+                base_out, base_env = self._generate(prompts, greedy, {})
                 base_texts = decode_responses(self.tokenizer, base_out.response_ids, base_out.response_mask)
                 base_batch = RLBatch(prompt_ids=base_out.prompt_ids, prompt_mask=base_out.prompt_mask,
                                      response_ids=base_out.response_ids, response_mask=base_out.response_mask,
-                                     group_ids=base_out.prompt_index)
+                                     group_ids=base_out.prompt_index,
+                                     response_attention_mask=base_out.response_attention_mask)
                 base = self.score(prompts.rows, base_out.prompt_index, base_batch, base_texts, {}).scores
+                if base_env is not None:
+                    base = base + base_env
             batch.reward_baselines = np.asarray(base, np.float32)[out.prompt_index]
         seq = {
             "score": rew.scores,
@@ -268,6 +281,15 @@ class ExperienceMaker:
             "seq_final_reward": scores,
         }
         return batch, seq
+
+    def _generate(self, prompts, sp, metrics: dict):
+        """``(RolloutOutput, env_rewards [N] float32 or None)`` of a round: one engine call (single-turn, the same
+        call as before multi-turn existed) or the agent loop (metrics get its ``multi_turn/*``)."""
+        if self.agent is None:
+            return self.rollout.generate(prompts.prompt_ids, sp), None
+        mt = self.agent.run(prompts.rows, sp, prompt_key=self.prompt_key)
+        metrics.update(mt.metrics)
+        return mt.output, mt.env_rewards
 
     def score(self, rows, prompt_index, batch: RLBatch, texts, metrics: dict) -> RewardOutput:
         """Sequence scores ``[N]`` of a round: the rule reward, or with a reward model its scores combined with the

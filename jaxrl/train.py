@@ -127,6 +127,17 @@ def _main(argv: Sequence[str] | None) -> int:
     except CustomRewardError as e:  # the custom reward file or its signature: a usage error
         print(f"jaxrl: error: {e}", file=sys.stderr)
         return 2
+    if loaded.config.actor_rollout_ref.rollout.multi_turn.enable:  # the tool YAML and its classes, before jax loads
+        from jaxrl.agent.tool_config import ToolConfigError, check_multi_turn
+
+        try:
+            check_multi_turn(loaded.config.actor_rollout_ref.rollout.multi_turn)
+        except (FileNotFoundError, SandboxUnavailableError) as e:
+            print(f"jaxrl: error: {e}", file=sys.stderr)
+            return 1
+        except ToolConfigError as e:
+            print(f"jaxrl: config error: {e}", file=sys.stderr)
+            return 2
     from jaxrl.paths import OutputDirError, ensure_writable_dir
 
     try:  # before anything slow: a read-only run folder would otherwise fail at the first write

@@ -155,16 +155,22 @@ class Trainer:
         values: dict[str, list] = {"reward": []}
         for start in range(0, len(c.val_rows), bs):
             chunk = c.val_rows[start : start + bs]
-            out = c.rollout.generate([r["prompt_ids"] for r in chunk], sp)
+            agent = getattr(c.experience, "agent", None)  # multi_turn.enable: validation runs the same tool loop
+            if agent is None:
+                out, env_rewards = c.rollout.generate([r["prompt_ids"] for r in chunk], sp), None
+            else:
+                mt = agent.run([r["row"] for r in chunk], sp, prompt_key=cfg.data.prompt_key)
+                out, env_rewards = mt.output, mt.env_rewards
             texts = decode_responses(c.tokenizer, out.response_ids, out.response_mask)
             rew = score_responses(c.reward, [r["row"] for r in chunk], out.prompt_index, texts)
-            values["reward"].extend(rew.scores.tolist())
+            scores = rew.scores if env_rewards is None else rew.scores + env_rewards
+            values["reward"].extend(scores.tolist())
             if "acc" in rew.extra:
                 values.setdefault("acc", []).extend(extra_as_array(rew, "acc", default=rew.scores).tolist())
             preds.extend(rew.extra.get("pred", [None] * len(texts)))
             sources.extend(chunk[i]["row"].get("data_source", "unknown") for i in out.prompt_index)
             prompt_ids.extend((start + out.prompt_index).tolist())
-            samples.extend(zip(texts, rew.scores))
+            samples.extend(zip(texts, scores))
         has_preds = any(p is not None for p in preds)
         metrics = validation_metrics(
             sources, np.asarray(prompt_ids), {k: np.asarray(v) for k, v in values.items()},

@@ -124,6 +124,7 @@ def test_only_jaxrl_distributed_knows_about_processes():
     ["jaxrl.config", "jaxrl.config.loader", "jaxrl.config.batch_plan", "jaxrl.algorithms.registry"],
     ["jaxrl.rewards", "jaxrl.rewards.manager", "jaxrl.rewards.factory", "jaxrl.rewards.pool", "jaxrl.rewards.code"],
     ["jaxrl.sandbox", "jaxrl.sandbox.fusion", "jaxrl.sandbox.bwrap", "jaxrl.sandbox.__main__"],
+    ["jaxrl.agent.tool_config", "jaxrl.agent.loop", "jaxrl.agent.tools", "jaxrl.agent.env", "jaxrl.agent.chat"],
     ["jaxrl.data.sources", "jaxrl.data.prepare", "jaxrl.runlock", "jaxrl.paths", "jaxrl.checkpoint"],
     ["jaxrl.distributed", "jaxrl.launch", "jaxrl.ray_backend"],
 ])
@@ -151,7 +152,21 @@ def test_the_sandbox_imports_only_the_standard_library_and_is_imported_by_reward
     assert not {m: v for m, v in bad.items() if v}
     users = {m for pkg in ("jaxrl", "sharding") for m, imps in _modules(pkg).items()
              if not _under(m, "jaxrl.sandbox") and any(_under(i, "jaxrl.sandbox") for i in imps)}
-    assert users and all(_under(m, "jaxrl.rewards") or m in ("jaxrl.train",) for m in users), users
+    assert users and all(_under(m, "jaxrl.rewards") or _under(m, "jaxrl.agent") or m in ("jaxrl.train",)
+                         for m in users), users
+
+
+def test_the_agent_loop_uses_the_rollout_interface_and_never_the_controller_or_roles():
+    """jaxrl.agent (multi-turn tools) imports the rollout engine interface (jaxrl.rollout.base), the sandbox and
+    itself; never the trainer, the roles, the experience maker or a concrete engine; only jaxrl.build (the loop) and
+    jaxrl.train (the tool config's fast check) import it."""
+    allowed = ("jaxrl.agent", "jaxrl.rollout.base", "jaxrl.sandbox")
+    for mod, imps in _modules("jaxrl.agent").items():
+        bad = sorted(i for i in imps if _top(i) == "jaxrl" and not any(_under(i, a) for a in allowed))
+        assert not bad, (mod, bad)
+    users = {m for m, imps in _modules("jaxrl").items()
+             if not _under(m, "jaxrl.agent") and any(_under(i, "jaxrl.agent") for i in imps)}
+    assert users == {"jaxrl.build", "jaxrl.train"}, users
 
 
 def test_launchers_import_only_the_standard_library_and_nothing_imports_them():

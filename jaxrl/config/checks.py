@@ -251,6 +251,19 @@ def validate_sections(cfg: JaxRLConfig, c: Checks) -> None:
         c.fail(f"{r}.stop_token_ids", "a list of non-negative token ids")
     if not (is_int(cfg.actor_rollout_ref.rollout.seed) and 0 <= cfg.actor_rollout_ref.rollout.seed < _MAX_SEED):
         c.fail(f"{r}.seed", f"an int in [0, {_MAX_SEED}) or null (= trainer.seed)")
+    mt = f"{r}.multi_turn"
+    c.int_at_least(f"{mt}.max_assistant_turns", 1, nullable=True)
+    c.int_at_least(f"{mt}.max_user_turns", 0, nullable=True)
+    c.int_at_least(f"{mt}.max_parallel_calls", 1)
+    c.int_at_least(f"{mt}.max_tool_response_length", 1)
+    c.choice(f"{mt}.tool_response_truncate_side", ("left", "right", "middle"))
+    c.choice(f"{mt}.format", ("hermes",))
+    mtc = cfg.actor_rollout_ref.rollout.multi_turn
+    if mtc.enable and not mtc.tool_config_path and not mtc.env_class:
+        c.fail(f"{mt}.tool_config_path", "a tool-config YAML path (or set multi_turn.env_class) when "
+               "multi_turn.enable=true")
+    if mtc.enable and cfg.actor_rollout_ref.rollout.name != "jax":
+        c.fail(f"{mt}.enable", "false with rollout.name != 'jax' (multi-turn runs on the embedded jax sampler only)")
     c.int_at_least("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", 1, nullable=True)
     c.int_at_least(f"{r}.log_prob_max_token_len_per_gpu", 1)
     c.int_at_least("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", 1)

@@ -47,7 +47,6 @@ _RM_LOOP = ("verl's reward-loop server (vLLM/SGLang) settings; jaxrl scores the 
             "mesh, as verl's RewardModelWorker does")
 _RAY = ("verl's Ray worker-group / NCCL settings do not apply: jaxrl's Ray launcher (trainer.launcher=ray) runs one "
         "JAX process per host and has its own trainer.ray.* keys")
-_MULTI_TURN = "multi-turn/tool rollout is not supported yet; only multi_turn.enable=False is valid"
 _LORA = "LoRA is not supported yet (full fine-tuning only); only lora_rank=0 is valid"
 _DEPRECATED_MBS = "verl's deprecated global micro-batch size; use the *_per_gpu key instead"
 
@@ -120,8 +119,17 @@ NOTES: dict[str, str] = {
     "actor_rollout_ref.rollout.multi_stage_wake_up": _VLLM_TUNING,
     "actor_rollout_ref.rollout.update_weights_bucket_megabytes": _VLLM_TUNING,
     "actor_rollout_ref.rollout.engine_kwargs.*": _VLLM_TUNING,
-    "actor_rollout_ref.rollout.multi_turn.enable": _MULTI_TURN,
-    "actor_rollout_ref.rollout.multi_turn.*": "used only with multi_turn.enable=True (not supported yet)",
+    "actor_rollout_ref.rollout.multi_turn.interaction_config_path": (
+        "verl's interaction classes are not read; jaxrl's interactive turns come from multi_turn.env_class "
+        "(a jaxrl.agent.env.Environment)"
+    ),
+    "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": (
+        "jaxrl always renders tool/user turns with the model's own chat template (apply_chat_template)"
+    ),
+    "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": (
+        "jaxrl keeps the model's generated ids as sampled (never re-tokenized), so there is nothing to check"
+    ),
+    "actor_rollout_ref.rollout.multi_turn.*": "verl multi-turn setting with no jaxrl meaning; ignored",
     "actor_rollout_ref.rollout.agent.*": "verl's agent-loop server settings; not used by jaxrl",
     "actor_rollout_ref.rollout.trace.*": "verl's rollout tracing (mlflow/weave); not used by jaxrl",
     "actor_rollout_ref.hybrid_engine": _RAY,
@@ -222,7 +230,6 @@ REQUIRED_VALUES: dict[str, tuple[Any, ...]] = {
     "actor_rollout_ref.actor.optim.override_optimizer_config": (None,),
     "actor_rollout_ref.actor.optim.num_cycles": (0.5,),
     "actor_rollout_ref.model.lora_rank": (0,),
-    "actor_rollout_ref.rollout.multi_turn.enable": (False,),
     "data.validation_shuffle": (False,),
     "data.reward_fn_key": ("data_source",),
     "reward_model.reward_loop_source": ("register",),

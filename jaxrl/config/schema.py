@@ -176,6 +176,22 @@ class SamplingKwargs:
 
 
 @dataclass
+class MultiTurnConfig:
+    """``actor_rollout_ref.rollout.multi_turn.*``: multi-turn rollouts with tools (jaxrl.agent; verl's keys)."""
+
+    enable: bool = False  # True = the model's tool calls run and their results go back through the chat template
+    max_assistant_turns: Optional[int] = None  # model turns per response; null = only the response budget limits
+    max_user_turns: Optional[int] = None  # environment (user) messages per response; null = unlimited
+    max_parallel_calls: int = 1  # tool calls run per model turn
+    max_tool_response_length: int = 256  # characters of one tool result kept
+    tool_response_truncate_side: str = "middle"  # left (keep the start) | right (keep the end) | middle
+    tool_config_path: Optional[str] = None  # verl's tool-config YAML (tools: [{class_name, config, tool_schema}])
+    format: str = "hermes"  # tool-call format: <tool_call>{"name", "arguments"}</tool_call>
+    env_class: Optional[str] = None  # jaxrl: import path of a jaxrl.agent.env.Environment subclass (interactive task)
+    env_config: dict = field(default_factory=dict)  # jaxrl: passed to env_class(config)
+
+
+@dataclass
 class RolloutConfig:
     """``actor_rollout_ref.rollout.*``: response generation."""
 
@@ -207,6 +223,7 @@ class RolloutConfig:
     ignore_eos: bool = False  # True = eos does not end a response (every response runs to max_new_tokens)
     seed: Optional[int] = None  # jaxrl: sampling PRNG seed; null = trainer.seed (filled by the loader)
     val_kwargs: SamplingKwargs = field(default_factory=SamplingKwargs)  # validation sampling section
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)  # tools / multi-turn section
 
 
 @dataclass

@@ -103,6 +103,9 @@ class RolloutOutput:
         ``log_softmax(logits / temperature)`` (temperature 1 when greedy); 0 where masked.
       prompt_index: int32 [N], the input prompt each row came from; rows ``i*n .. i*n+n-1``
         belong to prompt i.
+      response_attention_mask: int32 [N, R] or None. Multi-turn rollouts (:mod:`jaxrl.agent`): 1 on every real
+        response token, the model's and the tool / user tokens between its turns (``response_mask`` is 1 on the
+        model's only). None: the same as ``response_mask`` (every engine's single-turn output).
     """
 
     prompt_ids: np.ndarray
@@ -111,6 +114,7 @@ class RolloutOutput:
     response_mask: np.ndarray
     rollout_log_probs: np.ndarray
     prompt_index: np.ndarray
+    response_attention_mask: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = self.prompt_ids.shape[0]
@@ -121,6 +125,9 @@ class RolloutOutput:
         if self.prompt_mask.shape != self.prompt_ids.shape:
             raise ValueError(f"prompt_mask shape {self.prompt_mask.shape} != prompt_ids shape {self.prompt_ids.shape}")
         r = self.response_ids.shape
+        if self.response_attention_mask is not None and self.response_attention_mask.shape != r:
+            raise ValueError(f"response_attention_mask {self.response_attention_mask.shape} must match "
+                             f"response_ids {r}")
         if self.response_mask.shape != r or self.rollout_log_probs.shape != r:
             raise ValueError(
                 f"response_mask {self.response_mask.shape} and rollout_log_probs {self.rollout_log_probs.shape} "

@@ -49,6 +49,15 @@ def rollout_weight_format(cfg, *, mesh: Mesh | None = None, rules: Rules | None 
     return WeightFormat.hf_on_host() if split else WeightFormat.hf_on_device()
 
 
+def _engine_prompt_length(cfg) -> int:
+    """Longest prompt the engine takes: ``data.max_prompt_length``; with ``multi_turn.enable`` the whole
+    conversation so far (each turn re-prefills prompt + response), so prompt + response budget."""
+    rc = cfg.actor_rollout_ref.rollout
+    if rc.multi_turn.enable:
+        return cfg.data.max_prompt_length + (rc.max_new_tokens or cfg.data.max_response_length)
+    return cfg.data.max_prompt_length
+
+
 def make_rollout_engine(cfg, model_cfg, graphdef, params, tokenizer, *, mesh: Mesh | None = None,
                         rules: Rules | None = None, split: bool = False):
     """Build the rollout engine for a run (use :func:`start_rollout` to get it with its weight sync).
@@ -78,7 +87,7 @@ def make_rollout_engine(cfg, model_cfg, graphdef, params, tokenizer, *, mesh: Me
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else model_cfg.eos_token_id[0]
         kwargs = dict(
             pad_token_id=int(pad), eos_token_ids=tuple(model_cfg.eos_token_id),
-            max_prompt_length=cfg.data.max_prompt_length, max_batch_size=rc.micro_batch_size or None,
+            max_prompt_length=_engine_prompt_length(cfg), max_batch_size=rc.micro_batch_size or None,
         )
         if mesh is None:
             return JaxSampler(model_cfg, graphdef, params, **kwargs)
