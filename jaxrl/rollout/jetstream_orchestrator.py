@@ -1,0 +1,99 @@
+"""Serve a :class:`~jaxrl.rollout.jetstream_engine.JetStreamEngine` with JetStream's own orchestrator (the
+``jetstream`` extra: ``bash scripts/setup_jetstream.sh``).
+
+The trainer never imports this module (its rollout is :class:`~jaxrl.rollout.jetstream_rollout.JetStreamRollout`);
+it exists so JetStream's ``orchestrator.Driver`` (prefill / transfer / generate / detokenize threads) and its gRPC
+servicer ``LLMOrchestrator`` can serve a jaxrl policy, and so a test can check they return the engine's tokens.
+
+The one shim: JetStream 0.2.2's orchestrator frees each prefix after ``insert`` with ``jax.tree_map``, which JAX
+removed (0.6). Rather than put ``tree_map`` back on the ``jax`` module for the whole process, :func:`load_orchestrator`
+points the orchestrator module's own ``jax`` name at a read-through view of ``jax`` that adds ``tree_map =
+jax.tree.map``; nothing else in the process sees it. Note that importing JetStream's orchestrator also sets the
+root logger to DEBUG with a stdout handler (its module does that at import).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import types
+from collections.abc import Sequence
+
+import jax
+
+from jaxrl.rollout import jetstream_compat
+
+__all__ = ["decode_tokens", "load_orchestrator", "start_driver"]
+
+
+class _JaxWithTreeMap(types.ModuleType):
+    """``jax`` as JetStream 0.2.2's orchestrator expects it: every attribute from ``jax``, plus ``tree_map``."""
+
+    def __init__(self):
+        super().__init__("jax", "jax, plus the removed jax.tree_map, for JetStream 0.2.2's orchestrator only")
+        self.tree_map = jax.tree.map
+
+    def __getattr__(self, name):
+        return getattr(jax, name)
+
+
+def load_orchestrator():
+    """JetStream's ``jetstream.core.orchestrator`` module, its ``jax.tree_map`` call working on current JAX.
+
+    Raises:
+      ImportError: google-jetstream is not installed or does not import (the message says why and how to
+        install it).
+    """
+    if not jetstream_compat.AVAILABLE:
+        raise ImportError(jetstream_compat.IMPORT_ERROR)
+    from jetstream.core import orchestrator
+
+    if not hasattr(jax, "tree_map") and not isinstance(orchestrator.jax, _JaxWithTreeMap):
+        orchestrator.jax = _JaxWithTreeMap()
+    return orchestrator
+
+
+def start_driver(engine, *, params=None):
+    """A running JetStream ``orchestrator.Driver`` with ``engine`` as its one prefill and one generate engine
+    (interleaved mode: both on the same devices, no prefix transfer). Stop it with ``driver.stop()``.
+
+    Args:
+      engine: a :class:`~jaxrl.rollout.jetstream_engine.JetStreamEngine`.
+      params: the weights to serve (default ``engine.load_params()``; the driver keeps them: after
+        ``update_weights`` start a new driver).
+    """
+    orchestrator = load_orchestrator()
+    params = engine.load_params() if params is None else params
+    return orchestrator.Driver(prefill_engines=[engine], generate_engines=[engine], prefill_params=[params],
+                               generate_params=[params], interleaved_mode=True)
+
+
+def decode_tokens(driver, prompts: Sequence[Sequence[int]], *, max_tokens: int) -> list[list[int]]:
+    """Send token-id requests, all at once, through JetStream's ``LLMOrchestrator.Decode`` (offline: no gRPC
+    server) and collect each one's streamed token ids.
+
+    JetStream prepends the tokenizer's BOS id to each prompt (``is_bos`` for a request without a session) and
+    streams at most ``max_tokens`` tokens, ending before the first stop token (the engine's eos ids).
+
+    Returns:
+      one list of token ids per prompt, in order.
+    """
+    load_orchestrator()
+    from jetstream.core.orchestrator import LLMOrchestrator
+    from jetstream.core.proto import jetstream_pb2
+
+    servicer = LLMOrchestrator(driver=driver)
+
+    async def one(prompt) -> list[int]:
+        request = jetstream_pb2.DecodeRequest(
+            token_content=jetstream_pb2.DecodeRequest.TokenContent(token_ids=[int(t) for t in prompt]),
+            max_tokens=max_tokens)
+        out: list[int] = []
+        async for response in servicer.Decode(request):
+            for sample in response.stream_content.samples:
+                out.extend(sample.token_ids)
+        return out
+
+    async def all_of() -> list[list[int]]:
+        return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+    return asyncio.run(all_of())
