@@ -14,6 +14,7 @@ import dataclasses
 import logging
 from pathlib import Path
 
+from jaxrl import distributed
 from jaxrl.algorithms.registry import needs_critic
 from jaxrl.batch import RLBatch
 from jaxrl.metrics import MetricsLogger
@@ -60,20 +61,27 @@ def build(cfg) -> Components:
     before the (slow) model load. The lock is released by :func:`jaxrl.trainer.run_training` (or here, if
     building fails).
 
+    With several processes (:mod:`jaxrl.distributed`) the primary takes the lock and finds the checkpoint, and
+    shares the answer; every process must see the run folder (a shared filesystem).
+
     Raises:
       jaxrl.runlock.RunLockError: another run holds the folder.
+      jaxrl.config.ConfigError: several processes do not see the same run folder.
     """
     from jaxrl.checkpoint import find_resume_checkpoint
     from jaxrl.runlock import RunLock
 
     out_dir = Path(cfg.trainer.default_local_dir)
-    lock = RunLock(out_dir).acquire()  # before any write into the folder (multi-process: the primary only)
+    # before any write into the folder; several processes: the primary holds it, all raise its RunLockError
+    lock = distributed.run_on_primary(lambda: RunLock(out_dir).acquire(), share=False)
     try:
+        distributed.check_shared_dir(out_dir)  # several processes: all must see the one run folder
         t = cfg.trainer
-        resume_from = find_resume_checkpoint(t.resume_mode, out_dir, t.resume_from_path)
+        resume_from = distributed.run_on_primary(find_resume_checkpoint, t.resume_mode, out_dir, t.resume_from_path)
         return dataclasses.replace(_build_components(cfg, out_dir), lock=lock, resume_from=resume_from)
     except BaseException:
-        lock.release()
+        if lock is not None:
+            lock.release()
         raise
 
 
@@ -115,6 +123,7 @@ def _build_components(cfg, out_dir: Path) -> Components:
     logger = MetricsLogger(
         cfg.trainer.logger, out_dir, project_name=cfg.trainer.project_name,
         experiment_name=cfg.trainer.experiment_name, config=config_to_dict(cfg),
+        writer=distributed.is_primary(),  # one writer: the other processes' logger has no sink
     )
     store = CheckpointStore(
         out_dir, async_save=cfg.trainer.checkpoint_async,
@@ -123,7 +132,7 @@ def _build_components(cfg, out_dir: Path) -> Components:
         ),
     )
     try:
-        store.save_tokenizer(tokenizer)
+        distributed.run_on_primary(store.save_tokenizer, tokenizer, share=False)
     except BaseException:
         store.close()  # ends orbax's background threads before the error propagates
         raise
@@ -232,6 +241,14 @@ def _mesh_args(placement) -> dict:
     return {} if placement is None else {"mesh": placement.train_mesh, "rules": placement.rules}
 
 
+def _batch_plan(cfg, placement):
+    """The run's :class:`~jaxrl.config.batch_plan.BatchPlan` for its data-parallel devices: the train mesh's batch
+    shards (``*_micro_batch_size_per_gpu`` are per device, as in verl), 1 without a mesh."""
+    from jaxrl.config.batch_plan import BatchPlan
+
+    return BatchPlan.from_config(cfg, batch_shards=1 if placement is None else placement.batch_shards)
+
+
 def _build_actor_and_reference(cfg, graphdef, params, total_training_steps, placement=None):
     """The actor, and the frozen reference (a copy of the initial params) when a KL term needs it.
 
@@ -239,7 +256,6 @@ def _build_actor_and_reference(cfg, graphdef, params, total_training_steps, plac
     """
     import jax
 
-    from jaxrl.config.batch_plan import BatchPlan
     from jaxrl.workers.actor import ActorWorker, LogProbComputer
 
     arr = cfg.actor_rollout_ref
@@ -247,7 +263,7 @@ def _build_actor_and_reference(cfg, graphdef, params, total_training_steps, plac
     ref_params = None
     if arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
         ref_params = jax.tree.map(lambda x: x.copy(), params)  # frozen copy: the actor's buffers are updated
-    plan = BatchPlan.from_config(cfg)
+    plan = _batch_plan(cfg, placement)
     actor = ActorWorker(
         graphdef, params, arr.actor, plan=plan.actor, temperature=rollout_cfg.temperature,
         total_training_steps=total_training_steps, seed=cfg.trainer.seed, ref_params=ref_params,
@@ -285,7 +301,6 @@ def _build_critic(cfg, policy, total_training_steps, placement=None):
     from flax import nnx
 
     from jaxrl.models.value_model import build_value_model
-    from jaxrl.config.batch_plan import BatchPlan
     from jaxrl.workers.critic import CriticWorker
 
     cc = cfg.critic
@@ -295,7 +310,7 @@ def _build_critic(cfg, policy, total_training_steps, placement=None):
     )
     graphdef, params = nnx.split(model)
     critic = CriticWorker(
-        graphdef, params, cc, plan=BatchPlan.from_config(cfg).critic, total_training_steps=total_training_steps,
+        graphdef, params, cc, plan=_batch_plan(cfg, placement).critic, total_training_steps=total_training_steps,
         seed=cfg.trainer.seed, **_mesh_args(placement),  # the critic follows the actor's mesh
     )
     critic.init_optimizer()

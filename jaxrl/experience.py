@@ -21,6 +21,7 @@ import logging
 
 import numpy as np
 
+from jaxrl import distributed
 from jaxrl.algorithms.registry import ADV_ESTIMATORS
 from jaxrl.batch import RLBatch, concat_batches
 from jaxrl.metrics import _stats, timed
@@ -57,9 +58,13 @@ def decode_responses(tokenizer, response_ids: np.ndarray, response_mask: np.ndar
 
 
 def score_responses(reward, rows: list[dict], prompt_index: np.ndarray, texts: list[str]):
-    """Run the reward manager on decoded responses; ``rows[prompt_index[i]]`` is response ``i``'s data row."""
+    """Run the reward manager on decoded responses; ``rows[prompt_index[i]]`` is response ``i``'s data row.
+
+    Several processes: the primary scores and every process gets its :class:`RewardOutput` (or its
+    ``RewardError``): scores depend on per-call timeouts and worker processes, so they are decided once."""
     rs = [rows[i] for i in prompt_index]
-    return reward.score(
+    return distributed.run_on_primary(
+        reward.score,
         [r.get("data_source", "") for r in rs],
         texts,
         [(r.get("reward_model") or {}).get("ground_truth") for r in rs],

@@ -138,20 +138,30 @@ class MetricsLogger:
       out_dir: run folder; ``metrics.jsonl`` and TensorBoard events go there.
       project_name, experiment_name: for W&B.
       config: the resolved config (a dict) recorded by W&B.
+      writer: False for a process that must not write (one writer per run: a multi-process run's non-primary
+        processes): no sink is opened, :meth:`log` and :meth:`truncate_after` do nothing (``loggers`` are still
+        checked).
+
+    Attributes:
+      writes: ``writer``: whether this logger writes (the plot follows ``metrics.jsonl`` only where it does).
 
     Raises:
       ValueError: an unknown logger name (valid: console, jsonl, tensorboard, wandb).
       ImportError: a sink whose package is not installed (names the pip extra).
     """
 
-    def __init__(self, loggers, out_dir: Path, *, project_name: str = "", experiment_name: str = "", config=None):
+    def __init__(self, loggers, out_dir: Path, *, project_name: str = "", experiment_name: str = "", config=None,
+                 writer: bool = True):
         loggers = [loggers] if isinstance(loggers, str) else list(loggers)
         for name in loggers:
             if name not in VALID_LOGGERS:
                 raise ValueError(f"trainer.logger entry {name!r} is unknown; valid: {', '.join(VALID_LOGGERS)}")
-        self.loggers = loggers
+        self.writes = bool(writer)
+        self.loggers = loggers if self.writes else []
+        loggers = self.loggers
         self.out_dir = Path(out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        if self.writes:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = self.out_dir / "metrics.jsonl"
         self._tb = None
         self._wandb = None
@@ -187,7 +197,7 @@ class MetricsLogger:
 
     def truncate_after(self, step: int) -> None:
         """Drop ``metrics.jsonl`` records of steps after ``step`` (a resumed run logs them again)."""
-        if not self.jsonl_path.exists():
+        if not self.writes or not self.jsonl_path.exists():
             return
         keep = [r for r in read_metrics(self.jsonl_path) if r.get("step", 0) <= step]
         tmp = self.jsonl_path.with_suffix(".jsonl.tmp")

@@ -188,12 +188,19 @@ def check_final_checkpoint(store, step: int | None) -> None:
       CheckpointSaveError: it is not; the one-line message gives the reason (free space needed and available, or
         the write error) and the newest complete checkpoint to resume from.
     """
+    from jaxrl import distributed
     from jaxrl.checkpoint import CheckpointSaveError
 
     try:
         store.wait()
     except CheckpointSaveError:
         pass  # logged and recorded in store.save_errors by the store
+    distributed.run_on_primary(_require_on_disk, store, step)  # several processes: the primary decides for all
+
+
+def _require_on_disk(store, step: int | None) -> None:
+    from jaxrl.checkpoint import CheckpointSaveError
+
     if step is None or step in store.steps():
         return
     err = store.save_errors.get(step)

@@ -8,13 +8,19 @@ Exit status (one-line message on stderr, ``jaxrl: error: ...`` / ``jaxrl: config
 
 * 0: success (``--print-config`` prints the resolved YAML to stdout);
 * 1: a bad file or a runtime failure: a missing, empty or malformed data file, a truncated or corrupt model file,
+  processes of a multi-process run that could not join (``jaxrl.distributed``) or whose replicas diverged,
   a missing ``trainer.resume_from_path``, an output folder that cannot be written, diverged training, a failed
   weight sync, a reward function that failed on a whole batch (its first traceback follows the message), no
   readable checkpoint to resume from, or a final checkpoint that could not be saved (the message names the
   newest complete checkpoint);
 * 2: a config or usage error (``jaxrl: config error:``), an unusable custom reward file or function, a run folder
   (``trainer.default_local_dir``) in use by another run, or a checkpoint written by an incompatible
-  configuration (the message lists what changed and the ways out).
+  configuration (the message lists what changed and the ways out); also a world the config cannot run
+  (``trainer.nnodes`` / ``n_gpus_per_node`` against the processes, split placement or vLLM with several processes,
+  a run folder the processes do not all see: :mod:`jaxrl.distributed`).
+
+Several processes (``python -m jaxrl.launch``, the ``JAXRL_*`` variables or ``trainer.distributed.mode=auto``) each
+run this same command; see the README's "Multi-host".
 """
 
 from __future__ import annotations
@@ -64,6 +70,10 @@ def _checkpoint_hint(cfg) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), load the config, then print it or train.
 
+    A process of a multi-process run (:mod:`jaxrl.distributed`) that fails leaves at once with its exit status
+    (after its message or traceback): a normal exit would wait in jax's shutdown barrier for processes that will not
+    come, and its launcher (or its peers' heartbeat) must see it gone to stop the others.
+
     Returns the process exit status (0 ok, 1 a missing/unreadable model or data file, an unwritable
     ``trainer.default_local_dir``, diverged training or a reward function failing on a whole batch, 2 config/usage
     error, incl. an unusable custom reward function, a data source with no reward function, or prompt + response
@@ -71,6 +81,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     stderr, one line each. Training is ``jaxrl.trainer.run_training(cfg)``,
     imported only after the config is valid.
     """
+    from jaxrl.distributed import run_guarded
+
+    return run_guarded(_main, argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     args, extra = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
     flags = [a for a in extra if a.startswith("-")]
@@ -113,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OutputDirError as e:
         print(f"jaxrl: error: {e}", file=sys.stderr)
         return 1
+    from jaxrl.distributed import DistributedError
     from jaxrl.rollout.base import WeightSyncError
     from jaxrl.runlock import RunLockError
     from jaxrl.trainer import NonFiniteTrainingError, run_training  # heavy (jax); only after the config is valid
@@ -145,6 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:  # a setting only checkable once jax is up (e.g. mesh sizes vs device count)
         print(f"jaxrl: config error: {e}", file=sys.stderr)
         return 2
+    except DistributedError as e:  # the processes could not join, or their replicas diverged
+        print(f"jaxrl: error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

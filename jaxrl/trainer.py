@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+from jaxrl import distributed
 from jaxrl.batch import RLBatch
 from jaxrl.build import Components, build
 from jaxrl.experience import decode_responses, extra_as_array, sampling_params, score_responses
@@ -57,6 +58,8 @@ class Trainer:
         with timed("step", t):
             # phases gen + reward (ReMax: + gen_max; DAPO: several rounds): the batch with its token_level_scores
             batch, metrics = c.experience.make_experience(c.train_data, seed=self._seed(), timings=t)
+            # several processes: every replica must train on the same batch (fails loudly, naming the step)
+            distributed.check_replicas(self.step, batch.prompt_ids, batch.response_ids, batch.response_mask)
 
             if cfg.actor_rollout_ref.actor.recompute_old_log_prob:  # else on-policy: the update uses its own
                 with timed("old_log_prob", t):
@@ -166,7 +169,7 @@ class Trainer:
             [str(p) for p in preds] if has_preds else None, sp.n,
         )
         shown = samples[: cfg.trainer.log_val_generations]
-        if shown:
+        if shown and distributed.is_primary():  # one writer
             with open(c.out_dir / "val_generations.jsonl", "a") as f:
                 for text, score in shown:
                     log.info("val sample (score %.3f): %r", score, text[:300])
@@ -193,10 +196,15 @@ class Trainer:
                 val = self.validate()
             c.logger.log(0, {**val, "timing_s/testing": t["testing"]})
         last: dict[str, float] = {}
-        bar = tqdm(total=total, initial=self.step, desc="jaxrl", unit="step", dynamic_ncols=True)
+        bar = tqdm(total=total, initial=self.step, desc="jaxrl", unit="step", dynamic_ncols=True,
+                   disable=not distributed.is_primary())  # one console
         with _sigterm_flag() as stop:
             try:
-                while self.step < total and not stop.is_set():
+                stopped = False  # SIGTERM, agreed by every process before each step
+                while self.step < total:
+                    if distributed.any_process(stop.is_set()):
+                        stopped = True
+                        break
                     self.step += 1
                     last = self._step_validate_log()
                     self._check_finite(last)
@@ -204,14 +212,15 @@ class Trainer:
                         self.save_checkpoint()
                     bar.set_postfix(score=f"{last['critic/score/mean']:.3f}")
                     bar.update(1)
+                stopped = stopped or distributed.any_process(stop.is_set())
                 final = self.step if self._save_due() else None  # the save that ends the run, if any
-                if stop.is_set():
+                if stopped:
                     log.warning("SIGTERM: stopping after step %d", self.step)
                     if final is None:
                         self.save_checkpoint()
                         final = self.step
                 check_final_checkpoint(c.store, final)
-                if stop.is_set():
+                if stopped:
                     log.warning("rerun the same command to resume from step %d", self.step)
             finally:
                 bar.close()
@@ -230,13 +239,14 @@ class Trainer:
                 metrics.update(self.validate())
             metrics["timing_s/testing"] = t["testing"]
         c.logger.log(self.step, metrics)
-        if any(k.startswith("val-core/") for k in metrics) and c.logger.jsonl_path.exists():
+        if any(k.startswith("val-core/") for k in metrics) and c.logger.writes and c.logger.jsonl_path.exists():
             plot_rewards(c.logger.jsonl_path, c.out_dir / "reward.png")  # the plot follows the run
         return metrics
 
     def _check_finite(self, metrics: dict) -> None:
         """Count consecutive steps whose update was skipped for a non-finite loss/gradient; abort past the limit."""
         bad = metrics.get("actor/nonfinite_grad", 0) > 0 or metrics.get("critic/nonfinite_grad", 0) > 0
+        bad = distributed.any_process(bad)  # one counter for the whole world: every process stops at the same step
         self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if bad else 0
         if bad:
             log.warning("step %d: non-finite loss or gradient, update skipped (%d in a row)",
@@ -302,11 +312,18 @@ def _sigterm_flag():
 
 
 def run_training(cfg) -> dict[str, float]:
-    """Build the run, train, write the reward plot and export the final model; returns the last metrics."""
+    """Join the processes' world (:func:`jaxrl.distributed.initialize`; one process: nothing to join), build the
+    run, train, write the reward plot and export the final model; returns the last metrics.
+
+    With several processes every one runs this; only the primary writes the plot and the exported model (the
+    others wait for it), and only it logs below WARNING."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU found" noise on CPU/GPU
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's per-save progress lines
     t0 = time.perf_counter()
+    distributed.initialize(cfg)
+    if not distributed.is_primary():
+        logging.getLogger("jaxrl").setLevel(logging.WARNING)  # one log: the primary's (warnings from everyone)
     c = build(cfg)
     try:
         log.info(
@@ -315,7 +332,8 @@ def run_training(cfg) -> dict[str, float]:
         )
         trainer = Trainer(c)
         try:
-            c.reward.start()  # scoring processes import the reward function while the first rollout compiles
+            if distributed.is_primary():  # the primary scores for every process (jaxrl.experience.score_responses)
+                c.reward.start()  # scoring processes import the reward function while the first rollout compiles
             last = trainer.fit()
         finally:
             c.reward.close()  # no scoring process outlives the run
@@ -323,7 +341,7 @@ def run_training(cfg) -> dict[str, float]:
             shutdown = getattr(c.rollout, "shutdown", None)  # vLLM: its engine (and worker process, if any)
             if shutdown is not None:
                 shutdown()
-        if c.logger.jsonl_path.exists():
+        if c.logger.writes and c.logger.jsonl_path.exists():
             png = plot_rewards(c.logger.jsonl_path, c.out_dir / "reward.png")
             log.info("reward plot: %s", png)
         from flax import nnx
@@ -331,7 +349,9 @@ def run_training(cfg) -> dict[str, float]:
         from jaxrl.models.hf import save_hf
 
         export_dir = c.out_dir / "hf_model"
-        save_hf(nnx.merge(c.actor.graphdef, c.actor.params), c.model_cfg, export_dir, tokenizer=c.tokenizer)
+        params = distributed.to_host(c.actor.params)  # several processes: gathered from all (every one calls it)
+        distributed.run_on_primary(save_hf, nnx.merge(c.actor.graphdef, params), c.model_cfg, export_dir,
+                                   tokenizer=c.tokenizer, share=False)
         log.info("final model exported to %s (load with transformers or jaxrl.generate --model)", export_dir)
         log.info("done in %.1f s", time.perf_counter() - t0)
         return last

@@ -78,17 +78,20 @@ def tiny_run_config(*, rows: int, rollout_n: int = 1, log_prob_micro: int | None
     return cfg
 
 
-def actor_setup(*, rows: int, rollout_n: int = 1, log_prob_micro: int | None = None, **actor_overrides):
-    """``(actor_cfg, plan)`` for an :class:`~jaxrl.workers.actor.ActorWorker` on ``rows`` responses per step."""
+def actor_setup(*, rows: int, rollout_n: int = 1, log_prob_micro: int | None = None, batch_shards: int = 1,
+                **actor_overrides):
+    """``(actor_cfg, plan)`` for an :class:`~jaxrl.workers.actor.ActorWorker` on ``rows`` responses per step, its
+    ``*_per_gpu`` sizes per device on ``batch_shards`` data-parallel devices (1 = no mesh)."""
     cfg = tiny_run_config(rows=rows, rollout_n=rollout_n, log_prob_micro=log_prob_micro,
                           actor=tiny_actor_config(**actor_overrides))
-    return cfg.actor_rollout_ref.actor, BatchPlan.from_config(cfg).actor
+    return cfg.actor_rollout_ref.actor, BatchPlan.from_config(cfg, batch_shards=batch_shards).actor
 
 
-def critic_setup(*, rows: int, rollout_n: int = 1, **critic_overrides):
-    """``(critic_cfg, plan)`` for a :class:`~jaxrl.workers.critic.CriticWorker` on ``rows`` responses per step."""
+def critic_setup(*, rows: int, rollout_n: int = 1, batch_shards: int = 1, **critic_overrides):
+    """``(critic_cfg, plan)`` for a :class:`~jaxrl.workers.critic.CriticWorker` on ``rows`` responses per step, its
+    ``*_per_gpu`` sizes per device on ``batch_shards`` data-parallel devices (1 = no mesh)."""
     cfg = tiny_run_config(rows=rows, rollout_n=rollout_n, critic=tiny_critic_config(**critic_overrides))
-    return cfg.critic, BatchPlan.from_config(cfg).critic
+    return cfg.critic, BatchPlan.from_config(cfg, batch_shards=batch_shards).critic
 
 
 # --------------------------------------------------------------------------------------------- batches

@@ -94,10 +94,37 @@ def test_roles_never_import_the_controller():
         assert not [i for i in imps for f in forbidden if _under(i, f)], mod
 
 
+# what only jaxrl/distributed.py may touch: the process-level JAX APIs
+_PROCESS_APIS = ("process_index", "process_count", "multihost_utils", "distributed", "make_array_from_callback",
+                 "make_array_from_process_local_data", "process_allgather")
+
+
+def test_only_jaxrl_distributed_knows_about_processes():
+    """``jax.process_index()``, ``jax.distributed``, ``multihost_utils`` ... appear in jaxrl/distributed.py only: every
+    other module asks it (is_primary, to_host, to_global, run_on_primary, ...)."""
+    offenders = {}
+    for path in sorted([*(ROOT / "jaxrl").rglob("*.py"), *(ROOT / "sharding").rglob("*.py")]):
+        if path == ROOT / "jaxrl" / "distributed.py":
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        used = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in _PROCESS_APIS and isinstance(node.value, ast.Name) \
+                    and node.value.id in ("jax", "experimental"):
+                used.add(f"{node.value.id}.{node.attr}")
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) else [])
+                used.update(n for n in names if n and ("multihost_utils" in n or n.startswith("jax.distributed")))
+        if used:
+            offenders[str(path.relative_to(ROOT))] = sorted(used)
+    assert not offenders, offenders
+
+
 @pytest.mark.parametrize("modules", [
     ["jaxrl.config", "jaxrl.config.loader", "jaxrl.config.batch_plan", "jaxrl.algorithms.registry"],
     ["jaxrl.rewards", "jaxrl.rewards.manager", "jaxrl.rewards.factory", "jaxrl.rewards.pool"],
     ["jaxrl.data.sources", "jaxrl.data.prepare", "jaxrl.runlock", "jaxrl.paths", "jaxrl.checkpoint"],
+    ["jaxrl.distributed", "jaxrl.launch"],
 ])
 def test_the_fast_path_imports_no_jax(modules):
     """A bad config, custom reward file or data file fails in about a second: these modules (and loading and
@@ -112,3 +139,12 @@ def test_the_fast_path_imports_no_jax(modules):
     ])
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+def test_launchers_import_only_the_standard_library_and_nothing_imports_them():
+    bad = {m: sorted(i for i in imps if _top(i) not in STDLIB | {"launchers"})
+           for m, imps in _modules("launchers").items()}
+    assert not {m: v for m, v in bad.items() if v}
+    users = {m: sorted(i for i in imps if _top(i) == "launchers")
+             for pkg in ("jaxrl", "sharding") for m, imps in _modules(pkg).items()}
+    assert not {m: v for m, v in users.items() if v}

@@ -167,10 +167,14 @@ def test_builder_picks_the_input_path_and_refuses_another_vocabulary(shared, tin
     base = ["reward_model.enable=True", f"reward_model.model.path={tiny_rm_dir}"]
     rm = build_reward_model_worker(load_config("configs/quickstart.yaml", base), policy.config, policy.tokenizer)
     assert rm.retokenizes and rm.input_tokenizer is policy.tokenizer  # input_tokenizer = the policy path
-    same = load_config("configs/quickstart.yaml", base + ["reward_model.model.input_tokenizer=null"])
+    same = load_config("configs/quickstart.yaml", base + ["reward_model.model.input_tokenizer=null",
+                                                          "reward_model.micro_batch_size_per_gpu=2"])
     mesh = make_mesh(data=2, fsdp=2, tensor=2)
     rm = build_reward_model_worker(same, policy.config, policy.tokenizer, mesh=mesh)
     assert not rm.retokenizes and rm.mesh is mesh
+    # micro_batch_size_per_gpu is per device, as in verl: 2 rows on each of data 2 x fsdp 2 = 8 rows per call
+    assert rm.micro_batch_size == 8
+    assert build_reward_model_worker(same, policy.config, policy.tokenizer).micro_batch_size == 2
     other = tmp_path / "rm_other_tokenizer"
     shutil.copytree(tiny_rm_dir, other)
     for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):

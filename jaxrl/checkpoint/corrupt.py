@@ -11,6 +11,7 @@ import logging
 import os
 from pathlib import Path
 
+from jaxrl import distributed
 from jaxrl.checkpoint.errors import CheckpointError, _short
 from jaxrl.checkpoint.layout import _stamp
 
@@ -23,12 +24,19 @@ class SetAsideMixin:
     def move_aside(self, step: int, tag: str) -> Path:
         """Rename complete checkpoint ``step`` to ``global_step_<N>.<tag>-<timestamp>`` (kept, no longer listed).
 
+        Several processes: the primary renames, every process gets the new path (a collective).
+
         Raises:
           CheckpointError: the store is read-only.
           OSError: the rename failed.
         """
         if self.read_only:
             raise CheckpointError(f"checkpoint store {str(self.directory)!r} is read-only")
+        dst = distributed.run_on_primary(self._rename_aside, step, tag)
+        self._reload()
+        return dst
+
+    def _rename_aside(self, step: int, tag: str) -> Path:
         src = self.step_path(step)
         dst = src.with_name(f"{src.name}.{tag}-{_stamp()}")
         n = 1
@@ -36,11 +44,13 @@ class SetAsideMixin:
             n += 1
             dst = src.with_name(f"{src.name}.{tag}-{_stamp()}-{n}")
         os.rename(src, dst)
+        return dst
+
+    def _reload(self) -> None:
         try:
             self._mgr.reload()  # orbax's cached step list still names the moved step
         except Exception as e:  # noqa: BLE001
             log.warning("could not re-read checkpoint list of %s: %s", self.directory, _short(e))
-        return dst
 
     def _set_aside_corrupt(self, step: int, exc: BaseException) -> Path | None:
         """Move an unreadable checkpoint aside (writable store) or only skip it (read-only); log either way."""
@@ -66,12 +76,15 @@ class SetAsideMixin:
         trajectory: without this, its own saves of those steps would be refused as "already complete" and a
         later resume would pick the old trajectory's checkpoint. Returns the new paths (logged).
         """
-        moved = []
-        for s in self.steps():
-            if step is None or s > step:
-                dst = self.move_aside(s, "superseded")
-                moved.append(dst)
+        moved = distributed.run_on_primary(self._supersede, step)  # the primary lists and renames, for all
         if moved:
+            self._reload()
             log.warning("moved %d checkpoint(s) of an earlier run aside (%s) so this run can write its own; they are "
                         "kept: delete them when no longer needed", len(moved), ", ".join(p.name for p in moved))
         return moved
+
+    def _supersede(self, step: int | None) -> list[Path]:
+        doomed = [s for s in self.steps() if step is None or s > step]
+        if doomed and self.read_only:
+            raise CheckpointError(f"checkpoint store {str(self.directory)!r} is read-only")
+        return [self._rename_aside(s, "superseded") for s in doomed]

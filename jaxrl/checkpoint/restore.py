@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from jaxrl import distributed
 from jaxrl.checkpoint.errors import (
     CheckpointIncompatibleError,
     CheckpointRestoreError,
@@ -122,11 +123,12 @@ class RestoreMixin:
                 raise CheckpointRestoreError(
                     f"cannot restore checkpoint {str(self.step_path(step))!r}: {_short(e)}"
                 ) from e
-        candidates = sorted(self.steps(), reverse=True)
+        candidates = sorted(distributed.run_on_primary(self.steps), reverse=True)  # one listing for all processes
         if not candidates:
             raise CheckpointRestoreError(f"no complete checkpoint (global_step_* folder) in {str(self.directory)!r}")
         tried: list[str] = []
         for s in candidates:
+            error = None
             try:
                 arrays, meta = self._restore_one(s, like, check)
             except CheckpointIncompatibleError:
@@ -134,8 +136,11 @@ class RestoreMixin:
             except _CheckFailed as e:
                 raise e.__cause__ from None
             except Exception as e:  # noqa: BLE001 - any unreadable checkpoint is skipped
-                moved = self._set_aside_corrupt(s, e)
-                tried.append(f"step {s}: {_short(e, 200)}" + (f" (moved to {moved.name})" if moved else ""))
+                error = e
+            if not distributed.all_processes(error is None):  # unreadable on any process: skipped by all
+                error = error or CheckpointRestoreError(f"step {s} could not be read on another process")
+                moved = self._set_aside_corrupt(s, error)
+                tried.append(f"step {s}: {_short(error, 200)}" + (f" (moved to {moved.name})" if moved else ""))
                 continue
             if tried:
                 log.warning("restored checkpoint step %d after skipping %d unreadable newer one(s)", s, len(tried))

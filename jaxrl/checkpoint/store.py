@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from jaxrl import distributed
 from jaxrl.checkpoint.corrupt import SetAsideMixin
 from jaxrl.checkpoint.errors import CheckpointSaveError, _find_errno, _short
 from jaxrl.checkpoint.layout import (
@@ -46,6 +47,10 @@ class CheckpointStore(RestoreMixin, SetAsideMixin):
     Raises:
       ValueError: a bad ``max_to_keep``.
       FileNotFoundError: ``read_only`` and ``directory`` does not exist.
+
+    Several processes (:mod:`jaxrl.distributed`) share one store in one directory: every process writes its
+    shards of each save (orbax), while what a save or a resume decides from the folder's listing (which steps
+    exist, the free space, which folders to move aside) is decided by the primary for all.
 
     Saving never mutates the arrays it is given, so a failed save leaves the in-memory training state as it
     was; the caller may log the error and continue or stop. Each save is attempted on its own: the failure of
@@ -138,17 +143,9 @@ class CheckpointStore(RestoreMixin, SetAsideMixin):
             raise TypeError(f"checkpoint meta must be a dict, got {type(meta).__name__}")
         _check_json(meta, "meta")
         self._settle()  # the previous async save: a failure is logged and recorded, never raised into this one
-        existing = self.steps()
-        if step in existing:
-            log.warning("checkpoint %s already exists and is complete; not saving it again", self.step_path(step))
+        # decided once (several processes: by the primary, for all; the save itself is collective)
+        if not distributed.run_on_primary(self._may_save, step, arrays, meta):
             return False
-        if existing and step < existing[-1]:
-            raise CheckpointSaveError(
-                f"cannot save step {step} into {str(self.directory)!r}: it already holds a newer checkpoint "
-                f"(step {existing[-1]}). Move the newer global_step_* folders away or save to a new directory.",
-                step=step, directory=self.directory,
-            )
-        self._check_space(step, arrays, meta)
         items = {_item(r, p): ocp.args.StandardSave(tree) for r, parts in arrays.items() for p, tree in parts.items()}
         items[META_ITEM] = ocp.args.JsonSave(dict(meta))
         try:
@@ -180,6 +177,22 @@ class CheckpointStore(RestoreMixin, SetAsideMixin):
             self.wait()
         except CheckpointSaveError:
             pass
+
+    def _may_save(self, step: int, arrays, meta) -> bool:
+        """Whether ``step`` is to be written: False when it is complete already (logged); raises
+        CheckpointSaveError when a newer step exists or the free space is short (see :meth:`save`)."""
+        existing = self.steps()
+        if step in existing:
+            log.warning("checkpoint %s already exists and is complete; not saving it again", self.step_path(step))
+            return False
+        if existing and step < existing[-1]:
+            raise CheckpointSaveError(
+                f"cannot save step {step} into {str(self.directory)!r}: it already holds a newer checkpoint "
+                f"(step {existing[-1]}). Move the newer global_step_* folders away or save to a new directory.",
+                step=step, directory=self.directory,
+            )
+        self._check_space(step, arrays, meta)
+        return True
 
     def _check_space(self, step: int, arrays, meta) -> None:
         """Refuse the save of ``step`` when the filesystem has less free space than it needs."""

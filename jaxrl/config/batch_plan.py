@@ -2,33 +2,58 @@
 
 verl counts ``data.train_batch_size`` and ``ppo_mini_batch_size`` in prompts and ``*_micro_batch_size_per_gpu``
 in responses (rows). Every row count a role or a check needs is derived here, from :class:`BatchPlan.from_config`,
-and read from the plan everywhere else (the actor, the critic, the trainer's construction, the loader's checks and
-the mesh checks of :mod:`jaxrl.workers.placement`). No jax import.
+and read from the plan everywhere else (the actor, the critic, the reference, the reward model, the trainer's
+construction, the loader's checks and the mesh checks of :mod:`jaxrl.workers.placement`). No jax import.
 
-What a ``*_micro_batch_size_per_gpu`` value means is decided in one function, :func:`micro_rows`: today the rows
-of one micro-batch (on a device mesh, of one micro-batch on the whole mesh, split over its batch axes).
+What a ``*_micro_batch_size_per_gpu`` value means is decided in one function, :func:`micro_rows`: as in verl, the
+rows each data-parallel device takes per micro-batch. On a device mesh the data-parallel devices are the train
+mesh's batch shards (the axes the ``"batch"`` sharding rule splits rows over, ``data x fsdp`` by default), so one
+micro-batch on the mesh is ``value x batch shards`` rows; without a mesh there is one device and the value is the
+micro-batch. verl's FSDP workers do the same arithmetic per rank (``fsdp_workers.py``: ``ppo_mini_batch_size *=
+rollout.n; ppo_mini_batch_size //= world_size // ulysses_sp`` and a micro-batch of ``*_per_gpu`` rows on each rank,
+which must divide that per-rank mini-batch). ``ppo_mini_batch_size`` keeps verl's user-facing meaning, prompts per
+optimizer update over all devices: the plan's mini-batch rows are global, and each device's share is
+``mini-batch rows / batch shards`` (:attr:`RolePlan.per_device_mini_batch_rows`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional
+from typing import NamedTuple, Optional
 
-__all__ = ["BatchPlan", "RolePlan", "micro_rows"]
+__all__ = ["BatchPlan", "MicroBatch", "RolePlan", "micro_rows"]
 
 
-def micro_rows(per_gpu: Optional[int], fallback: int) -> int:
+def micro_rows(per_gpu: Optional[int], fallback: int, batch_shards: int = 1) -> int:
     """Rows of one micro-batch from a ``*_micro_batch_size_per_gpu`` value (the one place that reads them).
 
     Args:
-      per_gpu: the configured value, or None (unset).
-      fallback: the rows an unset value stands for (the schema documents each key's fallback).
+      per_gpu: the configured value: rows per data-parallel device (verl's meaning), or None (unset).
+      fallback: the rows (over all devices) an unset value stands for (the schema documents each key's fallback).
+      batch_shards: the data-parallel devices: the train mesh's batch shards (``data x fsdp`` under the default
+        rules); 1 without a mesh.
 
     Returns:
-      ``per_gpu`` rows (a micro-batch's rows on the whole train mesh; one device without a mesh), else ``fallback``.
+      ``per_gpu x batch_shards`` rows (one micro-batch over all data-parallel devices), else ``fallback``.
     """
-    return fallback if per_gpu is None else int(per_gpu)
+    return fallback if per_gpu is None else int(per_gpu) * int(batch_shards)
+
+
+class MicroBatch(NamedTuple):
+    """One micro-batch size of a run, as a jitted phase runs it.
+
+    Attributes:
+      key: the config key that sets it.
+      per_device: the key's value (rows per data-parallel device), None when unset.
+      rows: rows of one call over all data-parallel devices (``per_device x batch shards``, or the fallback).
+      unset_means: what an unset value stands for, for messages (e.g. ``"the whole mini-batch"``).
+    """
+
+    key: str
+    per_device: Optional[int]
+    rows: int
+    unset_means: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,13 +64,17 @@ class RolePlan:
       section: the role's config section, e.g. ``"actor_rollout_ref.actor"`` (messages name keys with it).
       rollout_n: responses per prompt (``actor_rollout_ref.rollout.n``).
       rows_per_step: responses per RL step (``data.train_batch_size x rollout.n``).
-      mini_batch_size: prompts per optimizer update (``<section>.ppo_mini_batch_size``).
-      micro_batch_size_per_gpu: the configured update micro-batch (None = the whole mini-batch).
-      micro_batch_rows: rows per forward/backward of the update.
+      mini_batch_size: prompts per optimizer update over all devices (``<section>.ppo_mini_batch_size``).
+      micro_batch_size_per_gpu: the configured update micro-batch, rows per data-parallel device (None = the
+        whole mini-batch).
+      micro_batch_rows: rows per forward/backward of the update over all data-parallel devices
+        (``micro_batch_size_per_gpu x batch_shards``).
       forward_key: the key of the no-grad forward's micro-batch (actor: the rollout's log-prob key; critic: its
         ``forward_micro_batch_size_per_gpu``).
-      forward_rows: rows per no-grad forward call (log-probs / values).
+      forward_per_gpu: that key's value (rows per device), None when unset.
+      forward_rows: rows per no-grad forward call (log-probs / values) over all data-parallel devices.
       ppo_epochs: passes over each RL batch.
+      batch_shards: the data-parallel devices the plan was derived for (the train mesh's batch shards; 1 = no mesh).
     """
 
     section: str
@@ -55,21 +84,25 @@ class RolePlan:
     micro_batch_size_per_gpu: Optional[int]
     micro_batch_rows: int
     forward_key: str
+    forward_per_gpu: Optional[int]
     forward_rows: int
     ppo_epochs: int
+    batch_shards: int = 1
 
     @classmethod
     def derive(cls, section: str, *, rollout_n: int, rows_per_step: int, mini_batch_size: int,
                micro_batch_size_per_gpu: Optional[int], forward_key: str, forward_per_gpu: Optional[int],
-               forward_fallback: Optional[int] = None, ppo_epochs: int = 1) -> "RolePlan":
-        """The plan from the config values (unset micro-batches fall back as the schema documents: the update's to
-        the mini-batch, the forward's to ``forward_fallback``, default the update micro-batch)."""
+               forward_fallback: Optional[int] = None, ppo_epochs: int = 1, batch_shards: int = 1) -> "RolePlan":
+        """The plan from the config values on ``batch_shards`` data-parallel devices (set micro-batches are per
+        device, :func:`micro_rows`; unset ones fall back as the schema documents: the update's to the whole
+        mini-batch, the forward's to ``forward_fallback`` rows, default the update micro-batch)."""
         mini_rows = int(mini_batch_size) * int(rollout_n)
-        micro = micro_rows(micro_batch_size_per_gpu, mini_rows)
-        forward = micro_rows(forward_per_gpu, micro if forward_fallback is None else forward_fallback)
+        micro = micro_rows(micro_batch_size_per_gpu, mini_rows, batch_shards)
+        forward = micro_rows(forward_per_gpu, micro if forward_fallback is None else forward_fallback, batch_shards)
         return cls(section=section, rollout_n=int(rollout_n), rows_per_step=int(rows_per_step),
                    mini_batch_size=int(mini_batch_size), micro_batch_size_per_gpu=micro_batch_size_per_gpu,
-                   micro_batch_rows=micro, forward_key=forward_key, forward_rows=forward, ppo_epochs=int(ppo_epochs))
+                   micro_batch_rows=micro, forward_key=forward_key, forward_per_gpu=forward_per_gpu,
+                   forward_rows=forward, ppo_epochs=int(ppo_epochs), batch_shards=int(batch_shards))
 
     @property
     def micro_key(self) -> str:
@@ -80,6 +113,12 @@ class RolePlan:
     def mini_batch_rows(self) -> int:
         """Responses per optimizer update: ``ppo_mini_batch_size x rollout.n``."""
         return self.mini_batch_size * self.rollout_n
+
+    @property
+    def per_device_mini_batch_rows(self) -> int:
+        """Responses of one mini-batch on each data-parallel device: ``mini_batch_rows / batch_shards`` (verl's
+        normalised ``ppo_mini_batch_size``; :meth:`check` requires it to be whole)."""
+        return self.mini_batch_rows // self.batch_shards
 
     @property
     def mini_batches_per_step(self) -> int:
@@ -99,22 +138,34 @@ class RolePlan:
     def with_mini_batch_size(self, mini_batch_size: int) -> "RolePlan":
         """The same role with another ``ppo_mini_batch_size`` (an unset micro-batch follows it)."""
         mini_rows = int(mini_batch_size) * self.rollout_n
-        micro = micro_rows(self.micro_batch_size_per_gpu, mini_rows)
+        micro = micro_rows(self.micro_batch_size_per_gpu, mini_rows, self.batch_shards)
         return dataclasses.replace(self, mini_batch_size=int(mini_batch_size), micro_batch_rows=micro)
 
     def check(self) -> None:
-        """The role's own arithmetic: positive sizes and micro-batches that divide the mini-batch.
+        """The role's own arithmetic: positive sizes, a mini-batch that splits over the data-parallel devices and
+        a per-device micro-batch that divides each device's share of it (verl's ``fsdp_workers`` asserts).
 
         Raises:
-          ValueError: names the keys and values.
+          ValueError: names the keys and values (per device, the data-parallel size and the global rows).
         """
-        if self.mini_batch_size < 1 or self.ppo_epochs < 1 or self.rollout_n < 1:
+        if self.mini_batch_size < 1 or self.ppo_epochs < 1 or self.rollout_n < 1 or self.batch_shards < 1:
             raise ValueError(f"{self.section}: ppo_mini_batch_size={self.mini_batch_size}, ppo_epochs="
-                             f"{self.ppo_epochs} and rollout.n={self.rollout_n} must all be >= 1")
-        if self.micro_batch_rows < 1 or self.mini_batch_rows % self.micro_batch_rows:
+                             f"{self.ppo_epochs}, rollout.n={self.rollout_n} and the data-parallel size "
+                             f"{self.batch_shards} must all be >= 1")
+        dp = self.batch_shards
+        if self.mini_batch_rows % dp:
             raise ValueError(
-                f"{self.section}.ppo_mini_batch_size*rollout.n = {self.mini_batch_rows} must be divisible by "
-                f"{self.micro_key} = {self.micro_batch_rows}"
+                f"{self.section}.ppo_mini_batch_size*rollout.n = {self.mini_batch_rows} responses per mini-batch "
+                f"do not split over the {dp} data-parallel devices; valid: a multiple of {dp}"
+            )
+        per_gpu = self.micro_batch_size_per_gpu
+        if self.micro_batch_rows < 1 or self.mini_batch_rows % self.micro_batch_rows:
+            where = "" if dp == 1 else (f" / {dp} data-parallel devices = {self.per_device_mini_batch_rows} per "
+                                        "device")
+            mesh = "" if dp == 1 else f" (a micro-batch of {per_gpu} x {dp} = {self.micro_batch_rows} rows)"
+            raise ValueError(
+                f"{self.section}.ppo_mini_batch_size*rollout.n = {self.mini_batch_rows}{where} must be divisible by "
+                f"{self.micro_key} = {per_gpu if per_gpu is not None else self.micro_batch_rows}{mesh}"
             )
         if self.forward_rows < 1:
             raise ValueError(f"{self.forward_key} must be >= 1, got {self.forward_rows}")
@@ -122,7 +173,7 @@ class RolePlan:
 
 @dataclasses.dataclass(frozen=True)
 class BatchPlan:
-    """Every batch size of a run, in rows.
+    """Every batch size of a run, in rows over all data-parallel devices.
 
     Attributes:
       rollout_n: responses per prompt.
@@ -130,15 +181,19 @@ class BatchPlan:
       rows_per_step: responses per RL step, ``train_batch_size x rollout_n`` (the batch every phase sees).
       gen_rows_per_round: responses per generation round, ``data.gen_batch_size x rollout_n`` (DAPO dynamic
         sampling; unset = ``rows_per_step``).
-      actor: the actor's plan (its ``forward_rows`` = ``rollout.log_prob_micro_batch_size_per_gpu``, null = a
-        whole step).
+      actor: the actor's plan (its ``forward_rows`` = ``rollout.log_prob_micro_batch_size_per_gpu`` x batch
+        shards, null = a whole step).
       critic: the critic's plan (``critic.*``; unset mini-batch / epochs follow the actor's, an unset forward
         micro-batch the critic's update micro-batch). Derived for every config; a run builds the critic only for
         an estimator that reads values.
-      ref_log_prob_rows: rows per reference log-prob call (``ref.log_prob_micro_batch_size_per_gpu``, null = the
-        actor's log-prob micro-batch).
-      reward_model_rows: rows per reward-model call (``reward_model.micro_batch_size_per_gpu``; None = decided per
-        call by the reward model worker: the whole batch, padded to the mesh's batch shards).
+      ref_log_prob_rows: rows per reference log-prob call (``ref.log_prob_micro_batch_size_per_gpu`` x batch
+        shards, null = the actor's log-prob micro-batch).
+      reward_model_rows: rows per reward-model call (``reward_model.micro_batch_size_per_gpu`` x batch shards;
+        None = decided per call by the reward model worker: the whole batch, padded to the mesh's batch shards).
+      batch_shards: the data-parallel devices the plan was derived for: the train mesh's batch shards (``data x
+        fsdp`` under the default rules), 1 without a mesh.
+      ref_log_prob_per_gpu, reward_model_per_gpu: the configured per-device values behind ``ref_log_prob_rows``
+        and ``reward_model_rows`` (None when unset), for messages.
     """
 
     rollout_n: int
@@ -149,11 +204,26 @@ class BatchPlan:
     critic: RolePlan
     ref_log_prob_rows: int
     reward_model_rows: Optional[int]
+    batch_shards: int = 1
+    ref_log_prob_per_gpu: Optional[int] = None
+    reward_model_per_gpu: Optional[int] = None
 
     @classmethod
-    def from_config(cls, cfg) -> "BatchPlan":
+    def from_config(cls, cfg, *, batch_shards: int = 1) -> "BatchPlan":
         """Derive the plan from a :class:`~jaxrl.config.schema.JaxRLConfig` (loaded or built from the schema
-        dataclasses: the critic's unset sizes are resolved here as the loader fills them)."""
+        dataclasses: the critic's unset sizes are resolved here as the loader fills them).
+
+        Args:
+          cfg: the config.
+          batch_shards: the data-parallel devices the ``*_micro_batch_size_per_gpu`` values are per: the train
+            mesh's batch shards (:attr:`jaxrl.workers.placement.Placement.batch_shards`), 1 without a mesh.
+
+        Raises:
+          ValueError: ``batch_shards < 1``.
+        """
+        if int(batch_shards) < 1:
+            raise ValueError(f"batch_shards={batch_shards} must be >= 1 (1 = no mesh)")
+        dp = int(batch_shards)
         arr = cfg.actor_rollout_ref
         n = int(arr.rollout.n)
         rows = int(cfg.data.train_batch_size) * n
@@ -164,7 +234,7 @@ class BatchPlan:
             mini_batch_size=actor_cfg.ppo_mini_batch_size,
             micro_batch_size_per_gpu=actor_cfg.ppo_micro_batch_size_per_gpu,
             forward_key=log_prob_key, forward_per_gpu=arr.rollout.log_prob_micro_batch_size_per_gpu,
-            forward_fallback=rows, ppo_epochs=actor_cfg.ppo_epochs,
+            forward_fallback=rows, ppo_epochs=actor_cfg.ppo_epochs, batch_shards=dp,
         )
         critic_mini = critic_cfg.ppo_mini_batch_size or actor_cfg.ppo_mini_batch_size
         critic_epochs = critic_cfg.ppo_epochs or actor_cfg.ppo_epochs
@@ -172,27 +242,34 @@ class BatchPlan:
             "critic", rollout_n=n, rows_per_step=rows, mini_batch_size=critic_mini,
             micro_batch_size_per_gpu=critic_cfg.ppo_micro_batch_size_per_gpu,
             forward_key="critic.forward_micro_batch_size_per_gpu",
-            forward_per_gpu=critic_cfg.forward_micro_batch_size_per_gpu, ppo_epochs=critic_epochs,
+            forward_per_gpu=critic_cfg.forward_micro_batch_size_per_gpu, ppo_epochs=critic_epochs, batch_shards=dp,
         )
+        rm, ref = cfg.reward_model.micro_batch_size_per_gpu, arr.ref.log_prob_micro_batch_size_per_gpu
         return cls(
             rollout_n=n, train_batch_size=int(cfg.data.train_batch_size), rows_per_step=rows,
             gen_rows_per_round=int(cfg.data.gen_batch_size or cfg.data.train_batch_size) * n, actor=actor,
-            critic=critic, ref_log_prob_rows=micro_rows(arr.ref.log_prob_micro_batch_size_per_gpu, actor.forward_rows),
-            reward_model_rows=cfg.reward_model.micro_batch_size_per_gpu,
+            critic=critic,
+            ref_log_prob_rows=micro_rows(ref, actor.forward_rows, dp),
+            reward_model_rows=None if rm is None else micro_rows(rm, 0, dp), batch_shards=dp,
+            ref_log_prob_per_gpu=ref, reward_model_per_gpu=rm,
         )
 
-    def micro_batches(self, *, critic: bool, reward_model: bool) -> list[tuple[str, int]]:
-        """``(config key, rows)`` of every micro-batch a jitted phase runs (what must split over a mesh's batch
-        axes): the actor's update and log-prob calls, the reference's, the critic's update and value calls
-        (``critic``) and the reward model's (``reward_model``, when its size is set)."""
+    def micro_batches(self, *, critic: bool, reward_model: bool) -> list[MicroBatch]:
+        """Every micro-batch a jitted phase runs (what must split over a mesh's batch axes): the actor's update and
+        log-prob calls, the reference's, the critic's update and value calls (``critic``) and the reward model's
+        (``reward_model``, when its size is set)."""
+        a, c = self.actor, self.critic
         out = [
-            (self.actor.micro_key, self.actor.micro_batch_rows),
-            (self.actor.forward_key, self.actor.forward_rows),
-            ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", self.ref_log_prob_rows),
+            MicroBatch(a.micro_key, a.micro_batch_size_per_gpu, a.micro_batch_rows, "the whole mini-batch"),
+            MicroBatch(a.forward_key, a.forward_per_gpu, a.forward_rows, "all responses of a step in one call"),
+            MicroBatch("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", self.ref_log_prob_per_gpu,
+                       self.ref_log_prob_rows, f"the actor's log-prob micro-batch ({a.forward_key})"),
         ]
         if reward_model and self.reward_model_rows is not None:
-            out.append(("reward_model.micro_batch_size_per_gpu", self.reward_model_rows))
+            out.append(MicroBatch("reward_model.micro_batch_size_per_gpu", self.reward_model_per_gpu,
+                                  self.reward_model_rows, "the whole batch"))
         if critic:
-            out += [(self.critic.micro_key, self.critic.micro_batch_rows),
-                    (self.critic.forward_key, self.critic.forward_rows)]
+            out += [MicroBatch(c.micro_key, c.micro_batch_size_per_gpu, c.micro_batch_rows, "the whole mini-batch"),
+                    MicroBatch(c.forward_key, c.forward_per_gpu, c.forward_rows,
+                               f"the critic's update micro-batch ({c.micro_key})")]
         return out

@@ -122,33 +122,54 @@ def batch_mesh_axes(cfg: JaxRLConfig) -> tuple[str, ...]:
 
 
 def check_mesh_batch_sizes(cfg: JaxRLConfig, sizes: dict[str, int]) -> None:
-    """Every micro-batch of a trained role must split evenly over the mesh's batch axes.
+    """verl's per-device batch arithmetic on the train mesh's data-parallel devices.
 
-    With a mesh, a ``*_micro_batch_size_per_gpu`` value counts the rows of one micro-batch on the whole mesh;
-    its rows are split over the batch axes (``data x fsdp`` by default), so it must be a multiple of their product.
-    The sizes are the :class:`~jaxrl.config.batch_plan.BatchPlan`'s, unset ones resolved as the roles resolve them
-    (:meth:`BatchPlan.micro_batches`).
+    As in verl, a ``*_micro_batch_size_per_gpu`` value is the rows each data-parallel device takes per
+    micro-batch; on a mesh the data-parallel devices are its batch shards (the axes the ``"batch"`` rule splits rows
+    over, ``data x fsdp`` by default), so one micro-batch is ``value x shards`` rows
+    (:func:`jaxrl.config.batch_plan.micro_rows`). ``ppo_mini_batch_size`` stays global (prompts per optimizer
+    update); as verl's ``fsdp_workers`` normalise it, each trained role's mini-batch must split evenly over the
+    shards and the per-device micro-batch must divide each device's share. An unset size stands for a global row
+    count (the whole mini-batch, a whole step, ...), which must split over the shards too. The sizes are the
+    :class:`~jaxrl.config.batch_plan.BatchPlan`'s for these shards (:meth:`BatchPlan.micro_batches`).
 
     Args:
       cfg: the loaded config.
       sizes: resolved mesh sizes ``{"data", "fsdp", "tensor"}`` (no -1).
 
     Raises:
-      ConfigError: names the key, its value, the mesh sizes and the valid multiple.
+      ConfigError: names the key, its per-device value, the data-parallel size (and the mesh axes behind it), the
+        global rows and the valid values.
     """
     axes = batch_mesh_axes(cfg)
     shards = math.prod(sizes[a] for a in axes)
     if shards <= 1:
         return
-    checks = BatchPlan.from_config(cfg).micro_batches(
-        critic=registry.needs_critic(cfg.algorithm.adv_estimator), reward_model=cfg.reward_model.enable)
-    mesh_s = " x ".join(f"{a}={sizes[a]}" for a in axes)
-    for key, rows in checks:
-        if rows is not None and rows % shards:
+    critic = registry.needs_critic(cfg.algorithm.adv_estimator)
+    plan = BatchPlan.from_config(cfg, batch_shards=shards)
+    dp_s = f"{shards} data-parallel devices (trainer.mesh " + " x ".join(f"{a}={sizes[a]}" for a in axes) + ")"
+    n = plan.rollout_n
+    for role in [plan.actor] + ([plan.critic] if critic else []):
+        mini_s = (f"{role.section}.ppo_mini_batch_size={role.mini_batch_size} x actor_rollout_ref.rollout.n={n} = "
+                  f"{role.mini_batch_rows} responses")
+        if role.mini_batch_rows % shards:
             raise ConfigError(
-                f"{key}={rows} rows per micro-batch do not split over the {shards} batch shards of the train mesh "
-                f"(trainer.mesh {mesh_s}; each device takes micro-batch / {shards} rows); "
-                f"valid: a multiple of {shards}, e.g. {max(shards, rows - rows % shards)}"
+                f"{mini_s} per mini-batch do not split over the {dp_s}; ppo_mini_batch_size counts prompts over all "
+                f"devices, each device takes mini-batch / {shards}: valid: ppo_mini_batch_size x rollout.n a multiple "
+                f"of {shards}"
+            )
+        per_gpu, per_device = role.micro_batch_size_per_gpu, role.per_device_mini_batch_rows
+        if per_gpu is not None and per_device % per_gpu:
+            raise ConfigError(
+                f"{role.micro_key}={per_gpu} (rows per device, as in verl) must divide the per-device mini-batch: "
+                f"{mini_s} / {dp_s} = {per_device}; a micro-batch is {per_gpu} x {shards} = {per_gpu * shards} rows "
+                f"on the mesh; valid: a divisor of {per_device}"
+            )
+    for mb in plan.micro_batches(critic=critic, reward_model=cfg.reward_model.enable):
+        if mb.rows % shards:  # only an unset value's fallback can miss: a set one is per device
+            raise ConfigError(
+                f"{mb.key}=null stands for {mb.unset_means}: {mb.rows} rows per call, which do not split over the "
+                f"{dp_s}; set {mb.key} (rows per device; a call then takes that x {shards} rows)"
             )
 
 

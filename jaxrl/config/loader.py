@@ -77,8 +77,11 @@ def load_config_with_notes(config_path: str | Path | None, overrides: Sequence[s
     Raises:
       ConfigError: missing/invalid YAML file, malformed override, unknown key (with a "did you
         mean" suggestion), wrong type, unresolvable interpolation, value out of range or not one of
-        the choices, verl batch arithmetic violated, or an unsupported feature requested.
+        the choices, verl batch arithmetic violated, an unsupported feature requested, or a ``trainer.distributed``
+        / ``JAXRL_*`` world the config cannot run (:func:`jaxrl.distributed.check_world`).
     """
+    from jaxrl.distributed import check_world, resolve_world  # (it imports this package's ConfigError)
+
     kept, notes = classify(raw_pairs(config_path, list(overrides)))
     cfg = OmegaConf.structured(JaxRLConfig)
     assign(cfg, kept)
@@ -90,6 +93,7 @@ def load_config_with_notes(config_path: str | Path | None, overrides: Sequence[s
     validate_mesh(obj, c)
     validate_rewards(obj, c)
     validate_cross(obj)
+    check_world(obj, resolve_world(obj.trainer.distributed))  # the processes' world (JAXRL_* env / keys), no jax
     check_declared_options(obj, given={key for key, _, _ in kept})
     notes.extend(uneven_mini_batch_notes(obj))
     return LoadedConfig(config=obj, notes=tuple(notes))

@@ -54,6 +54,7 @@ RESUME_MODE_CHOICES: tuple[str, ...] = ("auto", "disable", "resume_path")  # = j
 REWARD_MANAGER_CHOICES: tuple[str, ...] = ("naive", "prime", "dapo", "batch")  # = jaxrl.rewards.manager.REWARD_MANAGERS
 MATH_VERIFIER_CHOICES: tuple[str, ...] = ("rule", "math_verify")  # = jaxrl.rewards.MATH_VERIFIERS
 RM_COMBINE_CHOICES: tuple[str, ...] = ("replace", "sum")  # reward_model.combine
+DISTRIBUTED_MODE_CHOICES: tuple[str, ...] = ("local", "env", "auto")  # = jaxrl.distributed.MODES
 PLACEMENT_CHOICES: tuple[str, ...] = ("colocated", "split")  # = jaxrl.workers.placement.PLACEMENTS
 MESH_AXIS_CHOICES: tuple[str, ...] = ("data", "fsdp", "tensor")  # = sharding.mesh.MESH_AXES
 # Logical axis names the decoder / value model parameters carry, plus "batch" (= the rows of every batch array);
@@ -277,7 +278,7 @@ class CriticConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))  # optimizer section (verl critic lr 1e-5)
     ppo_mini_batch_size: Optional[int] = None  # prompts per critic update (x rollout.n); null = actor's (filled)
     ppo_micro_batch_size_per_gpu: Optional[int] = None  # responses per device per fwd/bwd; null = whole mini-batch
-    forward_micro_batch_size_per_gpu: Optional[int] = None  # responses per value forward; null = the above (filled)
+    forward_micro_batch_size_per_gpu: Optional[int] = None  # responses/device per value forward; null = the above (filled)
     ppo_epochs: Optional[int] = None  # passes over each RL batch; null = actor's (filled)
     shuffle: bool = False  # shuffle responses before splitting into mini-batches
     cliprange_value: float = 0.5  # value clipping half-width around the rollout-time values, >= 0
@@ -296,14 +297,41 @@ class MeshConfig:
     ``trainer.sharding_rules``, batch rows split over ``data x fsdp``. Then an unset axis is 1, except ``fsdp``,
     which is -1 (fill) unless another axis is -1. At most one axis may be -1: it takes the train devices left
     over by the others. The product must equal the train device count (all of ``jax.devices()`` with
-    colocated placement, all but ``trainer.rollout_devices`` with split). With a mesh, every micro-batch size
-    (``*_micro_batch_size_per_gpu``) counts the rows of one micro-batch on the whole mesh and must be divisible
-    by ``data x fsdp`` (each device gets ``micro / (data x fsdp)`` rows).
+    colocated placement, all but ``trainer.rollout_devices`` with split). As in verl, every
+    ``*_micro_batch_size_per_gpu`` counts the rows of one micro-batch on each data-parallel device: with a mesh
+    those are its batch shards (``data x fsdp`` under the default rules), so one micro-batch on the mesh is
+    ``value x data x fsdp`` rows; ``ppo_mini_batch_size x rollout.n`` must split evenly over them and the
+    per-device micro-batch must divide each device's share (``jaxrl.config.batch_plan``).
     """
 
     data: Optional[int] = None  # data-parallel size: params replicated, rows split; null = 1
     fsdp: Optional[int] = None  # fully-sharded data parallel: rows split and params sharded (ZeRO-3); null = -1 (fill)
     tensor: Optional[int] = None  # tensor parallel: heads / mlp / vocab split; null = 1
+
+
+@dataclass
+class DistributedConfig:
+    """``trainer.distributed.*``: how the processes of a multi-process run (one per host) form one JAX world
+    (jaxrl; verl places its workers with Ray). See :mod:`jaxrl.distributed` and the README's "Multi-host".
+
+    ``mode``: ``local`` (one process), ``env`` (the explicit world: ``JAXRL_COORDINATOR_ADDRESS``,
+    ``JAXRL_NUM_PROCESSES``, ``JAXRL_PROCESS_ID``, optional ``JAXRL_LOCAL_DEVICE_COUNT``, or the keys below; what
+    ``python -m jaxrl.launch`` sets) or ``auto`` (``jax.distributed.initialize()`` detects Cloud TPU, SLURM,
+    Open MPI, GKE). null: ``env`` when ``JAXRL_COORDINATOR_ADDRESS`` or ``coordinator_address`` is set, else
+    ``local``. A value given both as an environment variable and as a key must agree.
+    """
+
+    mode: Optional[str] = None  # local | env | auto; null = env when a coordinator address is set, else local
+    coordinator_address: Optional[str] = None  # host:port of process 0's coordinator (JAXRL_COORDINATOR_ADDRESS)
+    num_processes: Optional[int] = None  # processes in the world (JAXRL_NUM_PROCESSES)
+    process_id: Optional[int] = None  # this process's index, 0 = the primary (JAXRL_PROCESS_ID)
+    local_device_count: Optional[int] = None  # CPU only: devices each process simulates (JAXRL_LOCAL_DEVICE_COUNT)
+    # where process 0's coordinator listens; null = its own address when that is loopback (127.0.0.1 / localhost /
+    # ::1: never all interfaces), else jax's default (all interfaces, [::]:port)
+    coordinator_bind_address: Optional[str] = None
+    heartbeat_timeout_s: int = 10  # a process silent this long is dead: the others stop (jax's default: 100)
+    shutdown_timeout_s: int = 30  # how long a finishing process waits for the others at exit (jax's: 300)
+    initialization_timeout_s: int = 300  # how long a process waits for all others to join at start
 
 
 @dataclass
@@ -319,8 +347,10 @@ class TrainerConfig:
     project_name: str = "verl_examples"  # experiment group name
     experiment_name: str = "gsm8k"  # run name
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"  # checkpoints + logs
-    n_gpus_per_node: int = 8  # accelerator devices per host (data-parallel world = this x nnodes)
-    nnodes: int = 1  # hosts
+    # accelerator devices per host (data-parallel world = this x nnodes); with several processes it must equal each
+    # process's device count
+    n_gpus_per_node: int = 8
+    nnodes: int = 1  # hosts = processes of the run (jaxrl.distributed); must equal the process count
     # steps at the start that update only the critic (verl's actor starts at step == critic_warmup, one step earlier)
     critic_warmup: int = 0
     seed: int = 1  # jaxrl: global seed (data shuffle and sampling default to it)
@@ -345,6 +375,7 @@ class TrainerConfig:
     # A dimension its mesh axes do not divide is replicated. Give it as a mapping:
     # 'trainer.sharding_rules={embed: null}' (a dotted trainer.sharding_rules.embed=... is not a key).
     sharding_rules: Optional[dict[str, Any]] = None
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)  # jaxrl: the processes' world
 
 
 # ------------------------------------------------------------------------------ rewards
@@ -381,7 +412,7 @@ class RewardModelConfig:
 
     enable: bool = False  # True = also score every response with the model at reward_model.model.path
     model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)  # reward model checkpoint
-    micro_batch_size_per_gpu: Optional[int] = None  # responses per RM forward (on a mesh: per call); null = all
+    micro_batch_size_per_gpu: Optional[int] = None  # responses per device per RM forward; null = all
     max_length: Optional[int] = None  # re-tokenized RM input width (longer: cut on the right); null = prompt+response
     # jaxrl: how the RM score and the rule score make the reward. "replace" (verl: its reward managers return the
     # RM's scores and skip the rule function): reward = RM score; rows whose reward_model.style is "rule" are still

@@ -41,6 +41,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxrl.distributed import to_global, to_host
 from jaxrl.models.config import ModelConfig
 from jaxrl.models.decoder import init_cache
 from jaxrl.rollout.base import RolloutOutput, SamplingParams, check_prompts
@@ -199,14 +200,15 @@ class JaxSampler:
         over ``data``, stop ids and sampling controls replicated."""
         if self.mesh is not None:
             input_ids, prompt_mask, row_ids, row_valid = self._place_rows(input_ids, prompt_mask, row_ids, row_valid)
-            stop_ids, controls = jax.device_put((stop_ids, controls), self._replicated)
+            stop_ids, controls = to_global((stop_ids, controls), self._replicated)
         return self._decode_jit(params, cache, input_ids, prompt_mask, row_ids, row_valid, stop_ids, controls)
 
     def _place_rows(self, *arrays):
-        """Put ``[B, ...]`` arrays on the mesh: ``B`` over ``data`` when divisible, else replicated."""
+        """Put ``[B, ...]`` host arrays on the mesh: ``B`` over ``data`` when divisible, else replicated (arrays
+        already placed pass as they are)."""
         rows = int(np.shape(arrays[0])[0])
         sharding = self._rows if rows % self.mesh.shape["data"] == 0 else self._replicated
-        return tuple(jax.device_put(a, sharding) for a in arrays)
+        return to_global(arrays, sharding)
 
     def _prefill_impl(self, params, input_ids, prompt_mask, *, max_new_tokens: int):
         """Fill the KV cache with every prompt token but the last.
@@ -351,14 +353,14 @@ class JaxSampler:
             prompt_mask[i * n : (i + 1) * n, width - len(p) :] = 1
 
         greedy = params.greedy
-        controls = {
-            "seed": jnp.uint32(int(seed)),
-            "temperature": jnp.float32(1.0 if greedy else params.temperature),
-            "top_k": jnp.int32(params.top_k),
-            "top_p": jnp.float32(params.top_p),
-            "greedy": jnp.bool_(greedy),
+        controls = {  # host scalars: placed (replicated) by _decode on a mesh, else by jit
+            "seed": np.uint32(int(seed)),
+            "temperature": np.float32(1.0 if greedy else params.temperature),
+            "top_k": np.int32(params.top_k),
+            "top_p": np.float32(params.top_p),
+            "greedy": np.bool_(greedy),
         }
-        stop_ids = jnp.asarray(self._stop_array(params.stop_token_ids, params.ignore_eos))
+        stop_ids = self._stop_array(params.stop_token_ids, params.ignore_eos)
 
         chunk = self.max_batch_size or rows
         self.last_decode_steps = 0
@@ -373,13 +375,14 @@ class JaxSampler:
             mask_c[m:, -1] = 1  # filler rows: one pad token, so no row attends to nothing
             row_ids = np.arange(start, start + bsz, dtype=np.int32)
             row_valid = np.arange(bsz) < m
-            ids_c, mask_c = jnp.asarray(ids_c), jnp.asarray(mask_c)
+            ids_c, mask_c = (jnp.asarray(ids_c), jnp.asarray(mask_c)) if self.mesh is None else \
+                self._place_rows(ids_c, mask_c)
             cache = self._prefill(self._params, ids_c, mask_c, max_new_tokens=r)
             ids, mask, logp, steps, cache = self._decode(
                 self._params, cache, ids_c, mask_c, row_ids, row_valid, stop_ids, controls
             )
             del cache
-            ids, mask, logp, steps = jax.device_get((ids, mask, logp, steps))
+            ids, mask, logp, steps = to_host((ids, mask, logp, steps))  # rows spread over processes: gathered
             self.last_decode_steps = max(self.last_decode_steps, int(steps))
             out_ids.append(ids[:m])
             out_mask.append(mask[:m])

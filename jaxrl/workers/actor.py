@@ -29,6 +29,7 @@ from jaxrl.algorithms.policy_loss import tis_weights
 from jaxrl.algorithms.registry import POLICY_LOSSES
 from jaxrl.batch import RLBatch
 from jaxrl.config.batch_plan import RolePlan
+from jaxrl.distributed import to_host
 from jaxrl.workers.microbatch import check_row_shards, pad_rows, row_chunks
 from jaxrl.workers.placement import activation_sharding, batch_shards, jit_sharded, rows_sharding
 from jaxrl.workers.trained_role import TrainedRole
@@ -65,8 +66,9 @@ class LogProbComputer:
 
     Args:
       graphdef: the decoder's ``nnx.GraphDef``.
-      micro_batch_size: rows per jitted call (``log_prob_micro_batch_size_per_gpu``); on a mesh, the rows of one
-        call on the whole mesh, split over its batch axes.
+      micro_batch_size: rows per jitted call over all devices (the plan's ``forward_rows`` /
+        ``ref_log_prob_rows``: ``log_prob_micro_batch_size_per_gpu`` x the mesh's batch shards); on a mesh they
+        are split over its batch axes.
       temperature: rollout temperature (logits are divided by it).
       mesh: the train mesh, or None (single device: the params' own placement decides).
       rules: logical-axis rules on ``mesh`` (default :data:`sharding.rules.DEFAULT_RULES`).
@@ -87,7 +89,7 @@ class LogProbComputer:
         if mesh is None:
             self._fn = jax.jit(self._log_probs, static_argnames=("prompt_width",))
         else:
-            check_row_shards(micro_batch_size, batch_shards(mesh, self.rules), "log_prob_micro_batch_size_per_gpu")
+            check_row_shards(micro_batch_size, batch_shards(mesh, self.rules), "the log-prob micro-batch")
             self._fn = None  # built for the params' tree on the first call (explicit shardings need it)
             self._fn_tree = None
 
@@ -129,8 +131,9 @@ class LogProbComputer:
                 pad_rows(batch.response_ids[sl], mb),
                 prompt_width=batch.prompt_width,
             )
-            outs_lp.append(np.asarray(lp)[:n])
-            outs_ent.append(np.asarray(ent)[:n])
+            lp, ent = to_host((lp, ent))
+            outs_lp.append(lp[:n])
+            outs_ent.append(ent[:n])
         rmask = batch.response_mask.astype(np.float32)
         return np.concatenate(outs_lp) * rmask, np.concatenate(outs_ent) * rmask
 
@@ -143,8 +146,8 @@ class ActorWorker(TrainedRole):
       actor_cfg: the ``actor_rollout_ref.actor`` config section (:class:`jaxrl.config.schema.ActorConfig`): the loss
         keys (clip ratios, ``loss_agg_mode``, ``policy_loss``, KL loss, entropy bonus, TIS cap), ``optim``,
         ``grad_clip``, ``shuffle``, ``recompute_old_log_prob``.
-      plan: the actor's batch sizes (``BatchPlan.from_config(cfg).actor``; its ``forward_rows`` are the log-prob
-        micro-batch).
+      plan: the actor's batch sizes (``BatchPlan.from_config(cfg, batch_shards=...).actor`` for the mesh's batch
+        shards; its ``forward_rows`` are the log-prob micro-batch over all devices).
       temperature: rollout temperature used to scale logits.
       total_training_steps: RL steps in the run (learning-rate schedule).
       seed: for mini-batch shuffling when ``actor.shuffle`` is true.

@@ -22,6 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxrl.algorithms import compute_value_loss, masked_sum
 from jaxrl.batch import RLBatch
 from jaxrl.config.batch_plan import RolePlan
+from jaxrl.distributed import to_host
 from jaxrl.workers.microbatch import pad_rows, row_chunks
 from jaxrl.workers.placement import jit_sharded, rows_sharding
 from jaxrl.workers.trained_role import TrainedRole
@@ -55,8 +56,8 @@ class CriticWorker(TrainedRole):
       graphdef, params: ``nnx.split`` of a :class:`~jaxrl.models.value_model.ValueModel`.
       critic_cfg: the ``critic`` config section (:class:`jaxrl.config.schema.CriticConfig`). Reads ``shuffle``,
         ``cliprange_value``, ``grad_clip``, ``loss_agg_mode``, ``optim``.
-      plan: the critic's batch sizes (``BatchPlan.from_config(cfg).critic``; its ``forward_rows`` are the value
-        forward's micro-batch).
+      plan: the critic's batch sizes (``BatchPlan.from_config(cfg, batch_shards=...).critic`` for the mesh's batch
+        shards; its ``forward_rows`` are the value forward's micro-batch over all devices).
       total_training_steps: RL steps in the run (learning-rate schedule).
       seed: mini-batch shuffling seed (when ``critic.shuffle``).
       mesh: the train mesh, or None for one device. With a mesh, params and optimizer state are placed by
@@ -101,7 +102,8 @@ class CriticWorker(TrainedRole):
     def compute_values(self, batch: RLBatch) -> np.ndarray:
         """Values of the response tokens under the current params.
 
-        Runs in chunks of ``forward_micro_batch_size_per_gpu`` rows (the last one padded).
+        Runs in chunks of the plan's ``forward_rows`` (``forward_micro_batch_size_per_gpu`` per device x the
+        mesh's batch shards; the last chunk padded).
 
         Returns:
           float32 ``[N, R]``; entry ``[i, j]`` is the value of the state before response token ``j`` (read at
@@ -115,7 +117,7 @@ class CriticWorker(TrainedRole):
                 self.params, pad_rows(ids[sl], mb), pad_rows(pos[sl], mb), pad_rows(mask[sl], mb),
                 prompt_width=batch.prompt_width,
             )
-            out.append(np.asarray(v, np.float32)[:n])
+            out.append(to_host(v).astype(np.float32)[:n])
         return np.concatenate(out) * batch.response_mask.astype(np.float32)
 
     # -- update ----------------------------------------------------------------------------------------------

@@ -70,9 +70,9 @@ def check_row_shards(rows: int, shards: int, what: str) -> None:
     """On a mesh, a micro-batch's rows are split over ``shards`` devices (the ``data x fsdp`` batch axes).
 
     Args:
-      rows: rows per micro-batch (the jitted program's leading batch size).
+      rows: rows per micro-batch over all devices (the jitted program's leading batch size).
       shards: how many ways the mesh splits rows (>= 1).
-      what: the name of the setting, for the message (e.g. the config key).
+      what: the micro-batch, for the message (e.g. ``"the micro-batch of <config key>"``).
 
     Raises:
       ValueError: ``rows`` is not a positive multiple of ``shards`` (names ``what`` and both sizes).
@@ -81,8 +81,8 @@ def check_row_shards(rows: int, shards: int, what: str) -> None:
         raise ValueError(f"row shards must be >= 1, got {shards}")
     if rows < 1 or rows % shards:
         raise ValueError(
-            f"{what}={rows} rows per micro-batch must be a positive multiple of the {shards} batch shards of the "
-            f"train mesh (data x fsdp); each device takes micro-batch / {shards} rows"
+            f"{what}: {rows} rows per call must be a positive multiple of the {shards} batch shards of the "
+            f"train mesh (data x fsdp); each device takes rows / {shards}"
         )
 
 

@@ -16,9 +16,10 @@ mesh: every role on one device, the single-device run. With a placement:
   pieces device to device). The weights cross from one mesh to the other only through
   :class:`jaxrl.rollout.weight_sync.WeightSync`, which picks its translator from the engine's declared format.
 
-Device counts are checked here, not in the config loader (which never imports jax). Multi-host: ``jax.devices()``
-lists every process's devices, so the meshes span all hosts (split placement moves weights only within a
-host; see :mod:`sharding.translator`).
+Device counts are checked here, not in the config loader (which never imports jax). Multi-process
+(:mod:`jaxrl.distributed`): ``jax.devices()`` lists every process's devices, so the meshes span all hosts; split
+placement is refused there (its weight sync reshards between different device sets, which multi-controller JAX
+refuses across hosts).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding
 
 from jaxrl.config.loader import ConfigError, check_mesh_batch_sizes, mesh_enabled, mesh_sizes
+from jaxrl.distributed import process_count, to_global
 from sharding import (
     DEFAULT_RULES,
     TENSOR_PARALLEL_RULES,
@@ -132,7 +134,8 @@ def jit_sharded(fn, *, in_shardings: tuple, out_shardings: Any, static_kwarg: st
 
     Args:
       fn: ``fn(*arrays, **{static_kwarg: value})``.
-      in_shardings: one sharding (tree prefix) per positional array argument.
+      in_shardings: one sharding (tree prefix) per positional array argument; host (numpy) arguments are placed on
+        it by :func:`jaxrl.distributed.to_global` (the same on every process of a multi-process run).
       out_shardings: shardings (tree prefix) of the outputs.
       static_kwarg: the keyword argument that is static (hashable, one program per value).
       donate_argnums: positional arrays whose buffers the program may reuse.
@@ -151,7 +154,9 @@ def jit_sharded(fn, *, in_shardings: tuple, out_shardings: Any, static_kwarg: st
     def call(*args, **kwargs):
         if set(kwargs) != {static_kwarg}:
             raise TypeError(f"expected exactly the keyword argument {static_kwarg!r}; got {sorted(kwargs)}")
-        return jitted(*args, kwargs[static_kwarg])
+        # host (numpy) inputs become global arrays on their shardings (jit refuses numpy with a sharding that
+        # spans several processes); arrays already on devices pass as they are
+        return jitted(*to_global(tuple(args), tuple(in_shardings)), kwargs[static_kwarg])
 
     return call
 
@@ -198,12 +203,16 @@ def make_placement(
       a :class:`Placement`.
 
     Raises:
-      ConfigError: an unknown kind; mesh sizes whose product does not match the train device count (names the
+      ConfigError: an unknown kind; ``"split"`` in a world of several processes; mesh sizes whose product does not match the train device count (names the
         sizes, ``jax.device_count()`` and the XLA_FLAGS way to simulate devices on CPU); ``rollout_devices`` that
         leaves no train device; a ``rollout_tp`` that does not divide the rollout devices.
     """
     if kind not in PLACEMENTS:
         raise ConfigError(f"trainer.placement={kind!r} is invalid; expected one of {', '.join(map(repr, PLACEMENTS))}")
+    if kind == "split" and process_count() > 1:
+        raise ConfigError(f"trainer.placement='split' is not supported with {process_count()} processes: the split "
+                          "weight sync reshards between two different device sets, which multi-controller JAX "
+                          "refuses across hosts; use trainer.placement=colocated")
     pool = list(jax.devices()) if devices is None else list(devices)
     sizes_s = " x ".join(f"{a}={v}" for a, v in sizes.items())
     fixed = math.prod(sizes.values()) if -1 not in sizes.values() else None
@@ -239,7 +248,8 @@ def placement_from_config(cfg, devices: Sequence | None = None) -> Placement | N
     ``actor_rollout_ref.rollout.tensor_model_parallel_size``; ``None`` when no mesh is configured (all
     ``trainer.mesh`` axes null and colocated placement).
 
-    Also checks that every micro-batch splits over the mesh's batch axes (the loader does this only when the sizes
+    Also checks verl's per-device batch arithmetic on the mesh's batch shards (``*_micro_batch_size_per_gpu`` are
+    rows per device; :func:`jaxrl.config.loader.check_mesh_batch_sizes`; the loader does this only when the sizes
     need no device count).
 
     Raises:

@@ -14,8 +14,9 @@ Inputs, as verl builds them:
   template reads the plain text of prompt and response (the policy's prompt + response ids decoded together,
   special tokens dropped) encoded with its default special tokens (e.g. BOS).
 
-Scoring runs in micro-batches of ``reward_model.micro_batch_size_per_gpu`` rows (the last padded with masked rows;
-null = the whole batch in one call), one jitted program per input width. On the train mesh (``mesh=``) the params
+Scoring runs in micro-batches of ``reward_model.micro_batch_size_per_gpu`` rows per data-parallel device (verl's
+meaning: on the train mesh a call takes that x its batch shards rows; the last one padded with masked rows; null =
+the whole batch in one call), one jitted program per input width. On the train mesh (``mesh=``) the params
 are placed by the logical-axis rules like the critic's and rows are split over the ``"batch"`` axes; scores come
 back replicated. The params are never updated or donated.
 """
@@ -32,6 +33,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl.batch import RLBatch, positions_from_mask
+from jaxrl.config.batch_plan import BatchPlan
+from jaxrl.distributed import to_global, to_host
 from jaxrl.workers.microbatch import check_row_shards, pad_rows, row_chunks
 from jaxrl.workers.placement import activation_sharding, batch_shards, rows_sharding, shard_tree
 from sharding import DEFAULT_RULES
@@ -146,8 +149,9 @@ class RewardModelWorker:
 
     Args:
       graphdef, params: ``nnx.split`` of a :class:`~jaxrl.models.reward_model.RewardModel` (``num_labels == 1``).
-      micro_batch_size: rows per jitted call (``reward_model.micro_batch_size_per_gpu``; on a mesh the rows of one
-        call on the whole mesh); None = the whole batch (rounded up to the mesh's batch shards).
+      micro_batch_size: rows per jitted call over all devices (the plan's ``reward_model_rows``:
+        ``reward_model.micro_batch_size_per_gpu`` x the mesh's batch shards); None = the whole batch (rounded up to
+        the mesh's batch shards).
       mesh: the train mesh, or None (one device).
       rules: logical-axis rules on ``mesh`` (default :data:`sharding.rules.DEFAULT_RULES`).
       input_tokenizer, rm_tokenizer: both set = the re-tokenized path; None = the same-tokens path.
@@ -165,7 +169,7 @@ class RewardModelWorker:
             raise ValueError(f"a reward model has one output (num_labels=1); this checkpoint has num_labels="
                          f"{model.num_labels}")
         if micro_batch_size is not None and micro_batch_size < 1:
-            raise ValueError(f"reward_model.micro_batch_size_per_gpu must be >= 1, got {micro_batch_size}")
+            raise ValueError(f"the reward model's micro-batch must be >= 1 rows, got {micro_batch_size}")
         if (input_tokenizer is None) != (rm_tokenizer is None):
             raise ValueError("re-tokenizing needs both the input (policy) tokenizer and the reward model's tokenizer")
         self.graphdef = graphdef
@@ -175,15 +179,16 @@ class RewardModelWorker:
         self.rules = DEFAULT_RULES if rules is None else rules
         self.activation_sharding = activation_sharding(mesh, self.rules)
         self.row_shards = 1
+        self._rows = None  # on a mesh: the rows' sharding
         if mesh is None:
             self.params = params
             self._fn = jax.jit(self._scores)
         else:
             self.row_shards = batch_shards(mesh, self.rules)
             if micro_batch_size is not None:
-                check_row_shards(micro_batch_size, self.row_shards, "reward_model.micro_batch_size_per_gpu")
+                check_row_shards(micro_batch_size, self.row_shards, "the reward model's micro-batch")
             self.params, shardings = shard_tree(params, mesh, self.rules)
-            rows = rows_sharding(mesh, self.rules)
+            rows = self._rows = rows_sharding(mesh, self.rules)
             self._fn = jax.jit(self._scores, in_shardings=(shardings, rows, rows, rows),
                                out_shardings=NamedSharding(mesh, PartitionSpec()))
 
@@ -212,8 +217,11 @@ class RewardModelWorker:
         pos = positions_from_mask(mask)
         out = []
         for sl, k in row_chunks(n, mb):
-            s = self._fn(self.params, pad_rows(ids[sl], mb), pad_rows(pos[sl], mb), pad_rows(mask[sl], mb))
-            out.append(np.asarray(s, np.float32)[:k])
+            rows = (pad_rows(ids[sl], mb), pad_rows(pos[sl], mb), pad_rows(mask[sl], mb))
+            if self._rows is not None:  # on the mesh: host rows -> global arrays (every process holds the same)
+                rows = to_global(rows, self._rows)
+            s = self._fn(self.params, *rows)
+            out.append(to_host(s).astype(np.float32)[:k])
         return np.concatenate(out) if out else np.zeros((0,), np.float32)
 
     def score(self, batch: RLBatch, raw_prompts: list | None = None) -> RewardModelOutput:
@@ -246,7 +254,8 @@ def build_reward_model_worker(cfg, policy_cfg, tokenizer, *, mesh=None, rules=No
 
     Args:
       cfg: the run config; policy_cfg: the policy's :class:`~jaxrl.models.ModelConfig`; tokenizer: the policy's.
-      mesh, rules: the train mesh and its rules, or None (one device).
+      mesh, rules: the train mesh and its rules, or None (one device); ``reward_model.micro_batch_size_per_gpu``
+        is per device, so a call takes it x the mesh's batch shards rows.
 
     Raises:
       FileNotFoundError: no checkpoint at the path, or no tokenizer beside it when it must re-tokenize.
@@ -290,8 +299,9 @@ def build_reward_model_worker(cfg, policy_cfg, tokenizer, *, mesh=None, rules=No
         input_tokenizer = tokenizer if same else load_tokenizer(resolve_model_path(rc.model.input_tokenizer))
         inputs = dict(input_tokenizer=input_tokenizer, rm_tokenizer=rm_tokenizer, max_length=rc.max_length)
     graphdef, params = nnx.split(model)
-    worker = RewardModelWorker(graphdef, params, micro_batch_size=rc.micro_batch_size_per_gpu, mesh=mesh,
-                               rules=rules, **inputs)
+    shards = 1 if mesh is None else batch_shards(mesh, DEFAULT_RULES if rules is None else rules)
+    rows = BatchPlan.from_config(cfg, batch_shards=shards).reward_model_rows  # per device x shards, as verl means it
+    worker = RewardModelWorker(graphdef, params, micro_batch_size=rows, mesh=mesh, rules=rules, **inputs)
     log.info("reward model %s (%s, %d layers): %s inputs, combined with the rule reward by %r", path,
              model.cfg.model_type, model.cfg.num_hidden_layers, "re-tokenized" if inputs else "policy-token",
              rc.combine)

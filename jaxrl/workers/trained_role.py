@@ -25,6 +25,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl.config.batch_plan import RolePlan
+from jaxrl.distributed import to_host
 from jaxrl.workers.microbatch import check_row_shards, guarded_update, scan_accumulate, stack_micro
 from jaxrl.workers.optim import make_optimizer
 from jaxrl.workers.placement import activation_sharding, batch_shards, jit_sharded, rows_sharding, shard_tree
@@ -36,7 +37,8 @@ class TrainedRole:
 
     Args:
       graphdef, params: ``nnx.split`` of the role's model.
-      plan: the role's batch sizes (rows per mini-batch / micro-batch / forward call, epochs, rows per step).
+      plan: the role's batch sizes (rows per mini-batch / micro-batch / forward call over all devices, epochs,
+        rows per step), derived for this role's data-parallel devices (``plan.batch_shards``).
       optim: the role's ``optim`` config section (AdamW and its schedule, :func:`~jaxrl.workers.optim.make_optimizer`).
       grad_clip: max global gradient norm (``<= 0``: no clipping).
       shuffle: shuffle the rows before cutting mini-batches (every epoch, from ``seed``).
@@ -52,8 +54,9 @@ class TrainedRole:
       rng: ``numpy.random.Generator`` of the mini-batch shuffling.
 
     Raises:
-      ValueError: sizes that do not fit (:meth:`RolePlan.check`); on a mesh, a micro-batch or forward micro-batch
-        that is not a multiple of the batch shards (``data x fsdp``).
+      ValueError: sizes that do not fit (:meth:`RolePlan.check`); a plan derived for another number of
+        data-parallel devices than the mesh's batch shards (``data x fsdp``; 1 without a mesh); on a mesh, a
+        micro-batch or forward micro-batch that is not a multiple of the batch shards.
     """
 
     name = "role"
@@ -69,10 +72,16 @@ class TrainedRole:
         self.activation_sharding = activation_sharding(mesh, self.rules)
         self.param_shardings = None  # mesh only: the params' NamedShardings (also the jit in/out shardings)
         self.opt_shardings = None
+        shards = 1 if mesh is None else batch_shards(mesh, self.rules)
+        if plan.batch_shards != shards:
+            raise ValueError(
+                f"{plan.section}: the batch plan was derived for {plan.batch_shards} data-parallel device(s) but "
+                f"the role runs on {shards} (its *_micro_batch_size_per_gpu values are per device); derive it with "
+                f"BatchPlan.from_config(cfg, batch_shards={shards})"
+            )
         if mesh is not None:
-            shards = batch_shards(mesh, self.rules)
-            check_row_shards(plan.micro_batch_rows, shards, plan.micro_key)
-            check_row_shards(plan.forward_rows, shards, plan.forward_key)
+            check_row_shards(plan.micro_batch_rows, shards, f"the micro-batch of {plan.micro_key}")
+            check_row_shards(plan.forward_rows, shards, f"the micro-batch of {plan.forward_key}")
             self.params, self.param_shardings = shard_tree(params, mesh, self.rules)
         self.rng = np.random.default_rng(seed)
         self._optim = optim
@@ -201,6 +210,7 @@ class TrainedRole:
 
     def average_metrics(self, history: list[dict]) -> dict[str, float]:
         """Means over the updates of a step, the skipped-update count and the last update's learning rate."""
+        history = to_host(history)
         out = {k: float(np.mean([float(h[k]) for h in history])) for k in history[0]}
         key = f"{self.name}/nonfinite_grad"
         out[key] = float(np.sum([float(h[key]) for h in history]))

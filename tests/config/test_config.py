@@ -10,6 +10,7 @@ import yaml
 
 from jaxrl.config import ConfigError, JaxRLConfig, config_to_yaml, load_config, load_config_with_notes, valid_keys
 from jaxrl.config import compat, schema
+from jaxrl.config.batch_plan import BatchPlan
 from jaxrl.paths import REPO_ROOT
 
 CONFIGS = sorted((REPO_ROOT / "configs").glob("*.yaml"))
@@ -271,10 +272,11 @@ def test_reward_model_keys_as_verl_with_the_checks_when_enabled():
     assert {n.key for n in loaded.notes} == {"reward_model.model.trust_remote_code", "reward_model.use_reward_loop",
                                              "reward_model.rollout.name", "reward_model.model.fsdp_config.param_offload"}
     assert "reward_model.micro_batch_size=8 is not supported" in _error(None, on + ["reward_model.micro_batch_size=8"])
-    # on a mesh the RM micro-batch must split over data x fsdp like every other micro-batch
-    msg = _error(None, on + ["trainer.mesh.data=2", "trainer.mesh.fsdp=2", "trainer.mesh.tensor=1",
-                             "reward_model.micro_batch_size_per_gpu=6"])
-    assert "reward_model.micro_batch_size_per_gpu=6" in msg and "multiple of 4" in msg
+    # on a mesh the RM micro-batch is per device, as in verl: 6 per device x data 2 x fsdp 2 = 24 rows per call
+    cfg = load_config(None, on + ["trainer.mesh.data=2", "trainer.mesh.fsdp=2", "trainer.mesh.tensor=1",
+                                  "reward_model.micro_batch_size_per_gpu=6"])
+    assert BatchPlan.from_config(cfg, batch_shards=4).reward_model_rows == 24
+    assert BatchPlan.from_config(cfg).reward_model_rows == 6
 
 
 def test_math_verifier_choices():

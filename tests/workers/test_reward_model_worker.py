@@ -93,9 +93,10 @@ def test_eight_device_mesh_equals_single_device(split_rm):
 
 def test_bad_settings_are_refused(split_rm):
     graphdef, params = split_rm
-    with pytest.raises(ValueError, match=r"reward_model.micro_batch_size_per_gpu=6 .* multiple of the 4 batch shards"):
+    with pytest.raises(ValueError, match=r"the reward model's micro-batch: 6 rows per call must be a positive multiple "
+                                         r"of the 4 batch shards"):
         RewardModelWorker(graphdef, params, micro_batch_size=6, mesh=make_mesh(data=2, fsdp=2, tensor=2))
-    with pytest.raises(ValueError, match="micro_batch_size_per_gpu must be >= 1"):
+    with pytest.raises(ValueError, match="micro-batch must be >= 1 rows, got 0"):
         RewardModelWorker(graphdef, params, micro_batch_size=0)
     with pytest.raises(ValueError, match="num_labels=2"):
         RewardModelWorker(*nnx.split(tiny_rm(num_labels=2)))

@@ -24,13 +24,13 @@ from jaxrl.rollout.weight_sync import WeightSync
 from jaxrl.trainer import Trainer
 from jaxrl.workers.actor import ActorWorker
 from jaxrl.workers.critic import CriticWorker
-from jaxrl.workers.placement import make_placement, placement_from_config
+from jaxrl.workers.placement import batch_shards, make_placement, placement_from_config
 from sharding import DEFAULT_RULES, make_mesh
 from tests.helpers import actor_setup, critic_setup, tiny_batch, tiny_model_config, tiny_optim
 
 CFG = tiny_model_config("llama")
 P, R = 6, 5
-N = 16  # rows per RL batch: 2 mini-batches of 8 rows, each 2 micro-batches of 4 rows (= data 2 x fsdp 2)
+N = 16  # rows per RL batch: 2 mini-batches of 8 rows, each 2 micro-batches of 4 rows (1 per device of data 2 x fsdp 2)
 SIZES = {"data": 2, "fsdp": 2, "tensor": 2}
 PROMPTS = [[1, 5, 9, 33], [1, 40, 41, 42, 43, 44, 45], [1, 17], [1, 60, 3, 8, 22]]
 # Gradients of two layouts differ by fp32 summation-order noise; Adam divides each gradient by its own magnitude,
@@ -77,9 +77,14 @@ def make_batch(seed=0) -> RLBatch:
 
 
 def make_actor(graphdef, params, mesh=None):
-    """Exact ("full") KL: the reference's params enter the sharded update too. Mini-batches of 4 prompts x n=2."""
-    cfg, plan = actor_setup(rows=N, rollout_n=2, log_prob_micro=8, ppo_mini_batch_size=4,
-                            ppo_micro_batch_size_per_gpu=4, kl_loss_type="full", optim=OPTIM)
+    """Exact ("full") KL: the reference's params enter the sharded update too. Mini-batches of 4 prompts x n=2,
+    micro-batches of 4 rows and log-prob calls of 8 rows on one device and on the mesh (``*_per_gpu`` are per device:
+    that / the mesh's batch shards on each device)."""
+    shards = 1 if mesh is None else batch_shards(mesh, DEFAULT_RULES)
+    cfg, plan = actor_setup(rows=N, rollout_n=2, log_prob_micro=8 // shards, ppo_mini_batch_size=4,
+                            ppo_micro_batch_size_per_gpu=4 // shards, kl_loss_type="full", optim=OPTIM,
+                            batch_shards=shards)
+    assert (plan.micro_batch_rows, plan.forward_rows) == (4, 8)
     return ActorWorker(graphdef, copy(params), cfg, plan=plan, temperature=0.9, total_training_steps=1,
                        ref_params=copy(params), mesh=mesh, rules=DEFAULT_RULES)
 
@@ -142,9 +147,14 @@ def test_sharded_critic_update_equals_single_device():
     params = peaked(state, 5)
     cfg, plan = critic_setup(rows=N, rollout_n=2, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4,
                              forward_micro_batch_size_per_gpu=8, optim=OPTIM)
+    # the same global sizes on the mesh: per device, a quarter of them on each of the 4 batch shards
+    mesh_cfg, mesh_plan = critic_setup(rows=N, rollout_n=2, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=1,
+                                       forward_micro_batch_size_per_gpu=2, optim=OPTIM, batch_shards=4)
+    assert (mesh_plan.micro_batch_rows, mesh_plan.forward_rows) == (plan.micro_batch_rows, plan.forward_rows) == (4, 8)
     batch = make_batch(seed=1)
     single = CriticWorker(graphdef, copy(params), cfg, plan=plan, total_training_steps=1)
-    sharded = CriticWorker(graphdef, copy(params), cfg, plan=plan, total_training_steps=1, mesh=make_mesh(**SIZES))
+    sharded = CriticWorker(graphdef, copy(params), mesh_cfg, plan=mesh_plan, total_training_steps=1,
+                           mesh=make_mesh(**SIZES))
     np.testing.assert_allclose(sharded.compute_values(batch), single.compute_values(batch), rtol=1e-5, atol=1e-6)
     m1, m8 = single.update(batch), sharded.update(batch)
     for k in ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm"):
@@ -256,32 +266,42 @@ def test_no_mesh_configured_means_single_device():
 
 
 def test_placement_from_config_fills_fsdp_and_uses_rules():
-    cfg = _cfg("trainer.mesh.tensor=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-               "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8", "trainer.sharding_rules={embed: null}",
+    cfg = _cfg("trainer.mesh.tensor=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+               "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2", "trainer.sharding_rules={embed: null}",
                "actor_rollout_ref.rollout.tensor_model_parallel_size=4")
     pl = placement_from_config(cfg)
     assert pl.kind == "colocated" and dict(pl.train_mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 2}
     assert dict(pl.rollout_mesh.shape) == {"data": 2, "fsdp": 1, "tensor": 4}
     assert dict(pl.rules)["embed"] is None and dict(pl.rules)["mlp"] == "tensor"
     split = placement_from_config(_cfg("trainer.placement=split", "trainer.rollout_devices=4",
-                                       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-                                       "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8"))
+                                       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                                       "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2"))
     assert split.kind == "split" and dict(split.train_mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 1}
     assert [d.id for d in split.rollout_mesh.devices.flat] == [4, 5, 6, 7]
     assert dict(split.rollout_mesh.shape) == {"data": 2, "fsdp": 1, "tensor": 2}  # rollout TP defaults to 2
 
 
-def test_micro_batches_must_split_over_data_times_fsdp():
-    # Known at load time (no -1 among the batch axes): the loader rejects it, naming the key and the sizes.
-    with pytest.raises(ConfigError, match=r"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 rows.*"
-                                          r"4 batch shards.*data=2 x fsdp=2"):
+def test_per_device_micro_batches_must_divide_the_per_device_mini_batch():
+    """16 responses per mini-batch over data x fsdp = 4 devices: 4 per device, which a per-device micro-batch of 8
+    (fine on one device, 16 % 8 == 0) does not divide; the message names the per-device value, the data-parallel
+    size and the global micro-batch."""
+    expected = (r"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 \(rows per device, as in verl\) must divide "
+                r"the per-device mini-batch: .*= 16 responses / 4 data-parallel devices \(trainer.mesh data=2 x "
+                r"fsdp=2\) = 4; a micro-batch is 8 x 4 = 32 rows on the mesh; valid: a divisor of 4")
+    # Known at load time (no -1 among the batch axes): the loader rejects it.
+    with pytest.raises(ConfigError, match=expected):
         _cfg("trainer.mesh.data=2", "trainer.mesh.fsdp=2", "trainer.mesh.tensor=2",
-             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2")
+             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8")
     # fsdp=-1 fills from the device count: checked when the placement is built.
-    cfg = _cfg("trainer.mesh.tensor=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-               "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=6")
-    with pytest.raises(ConfigError, match=r"rollout.log_prob_micro_batch_size_per_gpu=6 rows.*4 batch shards"):
+    cfg = _cfg("trainer.mesh.tensor=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8")
+    with pytest.raises(ConfigError, match=expected.replace("data=2 x fsdp=2", "data=1 x fsdp=4")):
         placement_from_config(cfg)
+    # an unset log-prob micro-batch is one call over the whole step (16 rows): it must split too
+    with pytest.raises(ConfigError, match=r"log_prob_micro_batch_size_per_gpu=null stands for all responses of a step "
+                                          r"in one call: 6 rows per call, which do not split over the 4 data-parallel"):
+        placement_from_config(load_config(None, [
+            "data.train_batch_size=3", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "trainer.n_gpus_per_node=1", "trainer.mesh.tensor=2"]))
 
 
 @pytest.mark.parametrize("override, expected", [

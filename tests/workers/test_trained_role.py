@@ -142,11 +142,29 @@ def test_sizes_are_checked_against_the_plan_and_the_mesh():
                                          r"toy.ppo_micro_batch_size_per_gpu = 3"):
         make_role(micro=3)
     mesh = make_mesh(data=2, fsdp=2, tensor=2)  # 4 batch shards
-    with pytest.raises(ValueError, match=r"toy.ppo_micro_batch_size_per_gpu=2 rows per micro-batch must be a positive "
-                                         r"multiple of the 4 batch shards"):
+    # a plan derived for one device (its per-gpu sizes are per device) does not run on 4 data-parallel devices
+    with pytest.raises(ValueError, match=r"toy: the batch plan was derived for 1 data-parallel device\(s\) but the "
+                                         r"role runs on 4 .*batch_shards=4"):
         make_role(mesh=mesh)
-    with pytest.raises(ValueError, match=r"toy.forward=2 rows"):
-        plan = RolePlan.derive("toy", rollout_n=1, rows_per_step=8, mini_batch_size=8, micro_batch_size_per_gpu=4,
-                               forward_key="toy.forward", forward_per_gpu=2)
-        ToyRole(None, {"w": jnp.zeros(D)}, plan=plan, optim=tiny_optim(), grad_clip=1.0, shuffle=False,
-                total_training_steps=1, mesh=mesh)
+
+    def plan4(**kw):
+        args = dict(rollout_n=1, rows_per_step=8, mini_batch_size=8, micro_batch_size_per_gpu=1,
+                    forward_key="toy.forward", forward_per_gpu=None, batch_shards=4)
+        return RolePlan.derive("toy", **{**args, **kw})
+
+    with pytest.raises(ValueError, match=r"toy.ppo_mini_batch_size\*rollout.n = 8 / 4 data-parallel devices = 2 per "
+                                         r"device must be divisible by toy.ppo_micro_batch_size_per_gpu = 3 \(a "
+                                         r"micro-batch of 3 x 4 = 12 rows\)"):
+        plan4(micro_batch_size_per_gpu=3).check()
+    with pytest.raises(ValueError, match=r"toy.ppo_mini_batch_size\*rollout.n = 6 responses per mini-batch do not "
+                                         r"split over the 4 data-parallel devices"):
+        plan4(mini_batch_size=6).check()
+    # an unset forward micro-batch stands for global rows (here 6), which must split over the mesh
+    with pytest.raises(ValueError, match=r"the micro-batch of toy.forward: 6 rows per call must be a positive "
+                                         r"multiple of the 4 batch shards"):
+        ToyRole(None, {"w": jnp.zeros(D)}, plan=plan4(forward_fallback=6), optim=tiny_optim(), grad_clip=1.0,
+                shuffle=False, total_training_steps=1, mesh=mesh)
+    # a plan for 4 devices does not run on one either
+    with pytest.raises(ValueError, match=r"derived for 4 data-parallel device\(s\) but the role runs on 1"):
+        ToyRole(None, {"w": jnp.zeros(D)}, plan=plan4(), optim=tiny_optim(), grad_clip=1.0, shuffle=False,
+                total_training_steps=1)
