@@ -1,13 +1,22 @@
-"""JetStream's engine API for :mod:`jaxrl.rollout.jetstream_engine`: the real one when ``google-jetstream`` imports,
-else stand-ins with the same names, fields and abstract methods.
+"""Everything jaxrl needs to run with ``google-jetstream`` 0.2.2 on current JAX, in one place: its engine API (the
+real one when it imports, else stand-ins with the same names, fields and abstract methods), and the two documented
+shims that let its orchestrator load.
 
-``google-jetstream`` 0.2.2 (the last release; the repository is archived) imports ``seqio.vocabularies`` at module
-level (``token_utils``), and ``seqio`` pulls TensorFlow (~2.4 GB). jaxrl's engine builds its own tokenizer, so
-when ``seqio`` is not installed this module registers a two-class stand-in for ``seqio.vocabularies``
-(:class:`Vocabulary`, :class:`SentencePieceVocabulary`, the only names JetStream imports) before it imports
-JetStream; a real ``seqio`` is always preferred. That is the only thing this module puts into ``sys.modules``;
-it changes nothing in jax or in JetStream. (The orchestrator's ``jax.tree_map`` call is dealt with in
-:mod:`jaxrl.rollout.jetstream_orchestrator`, which only the JetStream-orchestrator path imports.)
+``google-jetstream`` 0.2.2 is the last release (2024; the repository is archived upstream). Two things stop it from
+importing on a current, TensorFlow-free install, and this module deals with both and nothing else:
+
+1. **seqio stand-in.** ``jetstream.engine.token_utils`` (imported by ``engine_api``) imports
+   ``seqio.vocabularies``, and ``seqio`` pulls TensorFlow (~2.4 GB). jaxrl's engine builds its own tokenizer, so
+   when ``seqio`` is not installed this module registers a two-class stand-in for ``seqio.vocabularies``
+   (``Vocabulary``, ``SentencePieceVocabulary``: the only names JetStream imports) in ``sys.modules`` before it
+   imports JetStream. A real ``seqio`` is always preferred.
+2. **jax.tree_map shim.** JetStream's orchestrator frees each prefix after ``insert`` with ``jax.tree_map``, which
+   JAX removed (0.6). :func:`load_orchestrator` points that module's own ``jax`` name at a read-through view of
+   ``jax`` that adds ``tree_map = jax.tree.map``. The ``jax`` module itself is not touched; nothing else in the
+   process sees the view.
+
+Install: ``bash scripts/setup_jetstream.sh`` (``pip install --no-deps google-jetstream==0.2.2`` plus the
+``jetstream`` extra's pure-Python dependencies; README "Rollout engines").
 
 Attributes:
   AVAILABLE: True when ``jetstream.engine.engine_api`` imported.
@@ -26,9 +35,11 @@ import sys
 import types
 from typing import Any
 
+import jax
 import numpy as np
 
-__all__ = ["AVAILABLE", "IMPORT_ERROR", "Engine", "ResultTokens", "SlotData", "Tokenizer", "TokenizerParameters"]
+__all__ = ["AVAILABLE", "IMPORT_ERROR", "Engine", "ResultTokens", "SlotData", "Tokenizer", "TokenizerParameters",
+           "load_orchestrator"]
 
 
 def _install_seqio_stand_in() -> None:
@@ -70,6 +81,34 @@ def _import_jetstream():
     except Exception as e:  # a broken install: missing deps (grpc, tiktoken, ...), protobuf mismatch
         return None, f"google-jetstream is installed but does not import: {type(e).__name__}: {e}"
     return (engine_api, tokenizer_api, tokenizer_pb2), None
+
+
+class _JaxWithTreeMap(types.ModuleType):
+    """``jax`` as JetStream 0.2.2's orchestrator expects it: every attribute from ``jax``, plus ``tree_map``."""
+
+    def __init__(self):
+        super().__init__("jax", "jax, plus the removed jax.tree_map, for JetStream 0.2.2's orchestrator only")
+        self.tree_map = jax.tree.map
+
+    def __getattr__(self, name):
+        return getattr(jax, name)
+
+
+def load_orchestrator():
+    """JetStream's ``jetstream.core.orchestrator`` module, its ``jax.tree_map`` call working on current JAX (shim 2
+    above). Importing it also sets the root logger to DEBUG with a stdout handler (JetStream's module does that).
+
+    Raises:
+      ImportError: google-jetstream is not installed or does not import (the message says why and how to
+        install it).
+    """
+    if not AVAILABLE:
+        raise ImportError(IMPORT_ERROR)
+    from jetstream.core import orchestrator
+
+    if not hasattr(jax, "tree_map") and not isinstance(orchestrator.jax, _JaxWithTreeMap):
+        orchestrator.jax = _JaxWithTreeMap()
+    return orchestrator
 
 
 _modules, IMPORT_ERROR = _import_jetstream()

@@ -46,6 +46,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
+from jaxrl.distributed import to_global, to_host
 from jaxrl.models.config import ModelConfig
 from jaxrl.models.decoder import KVCache, init_cache
 from jaxrl.rollout import jetstream_compat as api
@@ -56,19 +57,13 @@ from sharding.rules import Rules
 
 __all__ = [
     "DecodeState", "JetStreamEngine", "LOG_PROB_COLUMN", "Prefix", "RequestSampling", "SlotControls",
-    "result_log_probs", "to_host",
+    "result_log_probs",
 ]
 
 #: Column of a :class:`ResultTokens` ``data`` row holding the token's log-prob (float32 bits as int32); columns
 #: 0-2 are JetStream's tokens / valid / lengths.
 LOG_PROB_COLUMN = 3
 _MIN_BUCKET = 16
-
-
-def to_host(tree):
-    """Every device->host read of the JetStream engine and its driver goes through here (a pytree of arrays ->
-    numpy)."""
-    return jax.device_get(tree)
 
 
 def result_log_probs(result) -> np.ndarray:
@@ -354,6 +349,11 @@ class JetStreamEngine(api.Engine):
         self._step_jit = jax.jit(self._generate_impl, donate_argnums=(1,))
         self._steps_jit = jax.jit(self._steps_impl, donate_argnums=(1,))
         self._release_jit = jax.jit(self._release_impl, donate_argnums=(0,))
+        if mesh is None:
+            self._init_state_jit = jax.jit(self._init_state_impl)
+        else:
+            self._init_state_jit = jax.jit(self._init_state_impl,
+                                           out_shardings=self._state_shardings(jax.eval_shape(self._init_state_impl)))
 
     # ------------------------------------------------------------------ JetStream properties
     @property
@@ -463,9 +463,11 @@ class JetStreamEngine(api.Engine):
         )
 
     def _replicated(self, tree):
+        """Host values (the same on every process) -> replicated on the mesh (``jaxrl.distributed.to_global``);
+        without a mesh they go to the device as jit arguments."""
         if self._mesh_arg is None:
             return tree
-        return jax.device_put(tree, NamedSharding(self._mesh_arg, PartitionSpec()))
+        return to_global(tree, NamedSharding(self._mesh_arg, PartitionSpec()))
 
     def _state_shardings(self, state: DecodeState):
         """Slots over ``data`` (when divisible), the cache's kv heads over ``tensor`` (when divisible)."""
@@ -489,9 +491,13 @@ class JetStreamEngine(api.Engine):
 
     # ------------------------------------------------------------------ JetStream API
     def init_decode_state(self, *args, **kwargs) -> DecodeState:
-        """Every slot free: a zero cache ``[L, S, C, nKV, D]`` and slot fields (arguments ignored)."""
+        """Every slot free: a zero cache ``[L, S, C, nKV, D]`` and slot fields (arguments ignored); with a mesh,
+        built on it in its layout (slots over ``data``, kv heads over ``tensor``)."""
+        return self._init_state_jit()
+
+    def _init_state_impl(self) -> DecodeState:
         s, k = self._slots, self.max_stop_ids
-        state = DecodeState(
+        return DecodeState(
             cache=init_cache(self.model_cfg, s, self.max_target_length, self.cache_dtype),
             tokens=jnp.zeros((s,), jnp.int32), log_probs=jnp.zeros((s,), jnp.float32),
             lengths=jnp.zeros((s,), jnp.int32), steps=jnp.zeros((s,), jnp.int32), live=jnp.zeros((s,), jnp.bool_),
@@ -501,9 +507,6 @@ class JetStreamEngine(api.Engine):
                 max_new_tokens=jnp.ones((s,), jnp.int32), stop_ids=jnp.full((s, k), -1, jnp.int32),
             ),
         )
-        if self._mesh_arg is not None:
-            state = jax.device_put(state, self._state_shardings(state))
-        return state
 
     def prefill(self, *, params, existing_prefix=None, padded_tokens, true_length: int,
                 sampling: RequestSampling | None = None) -> Prefix:
@@ -547,7 +550,7 @@ class JetStreamEngine(api.Engine):
         if not 0 <= int(slot) < self._slots:
             raise ValueError(f"slot={slot} is outside [0, max_concurrent_decodes={self._slots})")
         self.num_inserts += 1
-        return self._insert_jit(prefix, decode_state, self._replicated(jnp.int32(slot)))
+        return self._insert_jit(prefix, decode_state, self._replicated(np.int32(slot)))
 
     def generate(self, params, decode_state: DecodeState):
         """One step for every slot: each live slot emits its pending token and samples the next.
@@ -570,7 +573,7 @@ class JetStreamEngine(api.Engine):
             raise ValueError(f"slot={slot} is outside [0, max_concurrent_decodes={self._slots})")
         if decode_state is None:
             return None
-        return self._release_jit(decode_state, self._replicated(jnp.int32(slot)))
+        return self._release_jit(decode_state, self._replicated(np.int32(slot)))
 
     # ------------------------------------------------------------------ beyond JetStream: the driver's loop
     def generate_steps(self, params, decode_state: DecodeState, *, stop_at_free: bool) -> tuple[DecodeState, StepsResult]:
@@ -582,7 +585,7 @@ class JetStreamEngine(api.Engine):
         Returns:
           ``(decode_state, StepsResult)`` (host arrays).
         """
-        state, out = self._steps_jit(params, decode_state, self._replicated(jnp.bool_(stop_at_free)))
+        state, out = self._steps_jit(params, decode_state, self._replicated(np.bool_(stop_at_free)))
         tokens, log_probs, valid, steps, live = to_host(out + (state.live,))
         self.num_decode_steps += int(steps)
         return state, StepsResult(tokens, log_probs, valid, int(steps), live)

@@ -5,51 +5,19 @@ The trainer never imports this module (its rollout is :class:`~jaxrl.rollout.jet
 it exists so JetStream's ``orchestrator.Driver`` (prefill / transfer / generate / detokenize threads) and its gRPC
 servicer ``LLMOrchestrator`` can serve a jaxrl policy, and so a test can check they return the engine's tokens.
 
-The one shim: JetStream 0.2.2's orchestrator frees each prefix after ``insert`` with ``jax.tree_map``, which JAX
-removed (0.6). Rather than put ``tree_map`` back on the ``jax`` module for the whole process, :func:`load_orchestrator`
-points the orchestrator module's own ``jax`` name at a read-through view of ``jax`` that adds ``tree_map =
-jax.tree.map``; nothing else in the process sees it. Note that importing JetStream's orchestrator also sets the
-root logger to DEBUG with a stdout handler (its module does that at import).
+JetStream is loaded through :func:`jaxrl.rollout.jetstream_compat.load_orchestrator` (the one place with the
+documented shims). Importing JetStream's orchestrator sets the root logger to DEBUG with a stdout handler (its
+module does that at import).
 """
 
 from __future__ import annotations
 
 import asyncio
-import types
 from collections.abc import Sequence
 
-import jax
+from jaxrl.rollout.jetstream_compat import load_orchestrator
 
-from jaxrl.rollout import jetstream_compat
-
-__all__ = ["decode_tokens", "load_orchestrator", "start_driver"]
-
-
-class _JaxWithTreeMap(types.ModuleType):
-    """``jax`` as JetStream 0.2.2's orchestrator expects it: every attribute from ``jax``, plus ``tree_map``."""
-
-    def __init__(self):
-        super().__init__("jax", "jax, plus the removed jax.tree_map, for JetStream 0.2.2's orchestrator only")
-        self.tree_map = jax.tree.map
-
-    def __getattr__(self, name):
-        return getattr(jax, name)
-
-
-def load_orchestrator():
-    """JetStream's ``jetstream.core.orchestrator`` module, its ``jax.tree_map`` call working on current JAX.
-
-    Raises:
-      ImportError: google-jetstream is not installed or does not import (the message says why and how to
-        install it).
-    """
-    if not jetstream_compat.AVAILABLE:
-        raise ImportError(jetstream_compat.IMPORT_ERROR)
-    from jetstream.core import orchestrator
-
-    if not hasattr(jax, "tree_map") and not isinstance(orchestrator.jax, _JaxWithTreeMap):
-        orchestrator.jax = _JaxWithTreeMap()
-    return orchestrator
+__all__ = ["decode_tokens", "start_driver"]
 
 
 def start_driver(engine, *, params=None):
@@ -77,11 +45,9 @@ def decode_tokens(driver, prompts: Sequence[Sequence[int]], *, max_tokens: int) 
     Returns:
       one list of token ids per prompt, in order.
     """
-    load_orchestrator()
-    from jetstream.core.orchestrator import LLMOrchestrator
-    from jetstream.core.proto import jetstream_pb2
-
-    servicer = LLMOrchestrator(driver=driver)
+    orchestrator = load_orchestrator()
+    jetstream_pb2 = orchestrator.jetstream_pb2  # the request/response messages, as the orchestrator imports them
+    servicer = orchestrator.LLMOrchestrator(driver=driver)
 
     async def one(prompt) -> list[int]:
         request = jetstream_pb2.DecodeRequest(

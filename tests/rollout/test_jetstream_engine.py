@@ -228,15 +228,24 @@ def test_sampled_log_probs_equal_the_trainers_recompute(tiny, rollouts):
     assert_matches_trainer(graphdef, params, out, temperature=0.8)
 
 
-def assert_matches_trainer(graphdef, params, out, *, temperature):
-    """The rollout's log-probs equal jaxrl.workers.actor.LogProbComputer's on the same [prompt | response] rows."""
-    batch = RLBatch(prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, response_ids=out.response_ids,
-                    response_mask=out.response_mask, group_ids=out.prompt_index)
-    lp, _ = LogProbComputer(graphdef, micro_batch_size=len(out.prompt_ids), temperature=temperature)(params, batch)
-    gap = float(np.max(np.abs(np.asarray(lp) - out.rollout_log_probs)))
+def assert_matches_trainer(graphdef, params, out, *, temperature, atol=1e-5):
+    """The rollout's log-probs equal jaxrl.workers.actor.LogProbComputer's on the same [prompt | response] rows
+    within ``atol``; also prints how far the trainer's own recompute moves when the prompts are left-padded 32
+    columns wider (its float32 noise floor on these rows)."""
+    def recompute(pad):
+        z = np.zeros((len(out.prompt_ids), pad), np.int32)
+        batch = RLBatch(prompt_ids=np.concatenate([z, out.prompt_ids], 1),
+                        prompt_mask=np.concatenate([z, out.prompt_mask], 1), response_ids=out.response_ids,
+                        response_mask=out.response_mask, group_ids=out.prompt_index)
+        lp, _ = LogProbComputer(graphdef, micro_batch_size=len(out.prompt_ids), temperature=temperature)(params, batch)
+        return np.asarray(lp)
+
+    lp = recompute(0)
+    gap = float(np.max(np.abs(lp - out.rollout_log_probs)))
+    floor = float(np.max(np.abs(recompute(32) - lp) * out.response_mask))
     print(f"jetstream rollout vs trainer recompute: max |log-prob gap| = {gap:.2e} over {out.num_generated_tokens} "
-          "tokens")
-    assert gap < 1e-5, gap
+          f"tokens (the trainer vs itself with 32 more pad columns: {floor:.2e})")
+    assert gap < atol, gap
     assert np.all(out.rollout_log_probs[out.response_mask == 0] == 0)
 
 
@@ -266,7 +275,7 @@ def test_an_early_stop_frees_its_slot_at_once(rollouts):
     out = small.generate(PROMPTS, sp)
     assert_same_rollout(out, one_batch)
     lengths = out.response_lengths.tolist()
-    assert min(lengths) < R and max(lengths) == R
+    assert min(lengths) < max(lengths), lengths  # ragged: the stops end rows at different steps
     assert engine.num_prefills - before[0] == len(PROMPTS) and engine.num_inserts - before[1] == len(lengths)
     steps = engine.num_decode_steps - before[2]
     waves = sum(max(lengths[i: i + 3]) for i in range(0, len(lengths), 3))
@@ -349,6 +358,13 @@ def test_on_a_rollout_mesh_tokens_equal_one_device(tiny, rollouts):
 
 
 # ----------------------------------------------------------------------------------------------- real models
+#: Log-prob tolerance against the trainer's recompute on the real fp32 models (on the tiny models above: 1e-5).
+#: float32 sums in another order move a log-prob by ~1e-5 on these models: the trainer's own recompute of the
+#: same rows moves by up to 7.6e-6 (stories260K) / 2.1e-5 (SmolLM2-135M, 30 layers) when the prompts are
+#: left-padded 32 columns wider (printed by assert_matches_trainer); the embedded sampler's gap is of the same
+#: size. Measured engine gaps: stories260K 1.05e-5, SmolLM2 3.3e-5 (sampled, 12 rows). A wrong position,
+#: temperature or cache slot moves log-probs by 1e-2 and more.
+STORIES_ATOL, SMOLLM2_ATOL = 2.5e-5, 5e-5
 def test_stories260k_equals_embedded_sampler_and_trainer(shared):
     from jaxrl.models import load_pretrained
 
@@ -365,9 +381,45 @@ def test_stories260k_equals_embedded_sampler_and_trainer(shared):
     expected = sampler.generate(prompts, sp)
     out = rollout.generate(prompts, sp)
     assert len(set(out.response_lengths.tolist())) > 1
-    assert_same_rollout(out, expected)
-    assert_matches_trainer(graphdef, params, out, temperature=1.0)
+    # Same tokens; log-probs: each engine is within STORIES_ATOL of the trainer's recompute (float32 sums in
+    # another order), so the two are within twice that of each other.
+    assert_same_rollout(out, expected, atol=2 * STORIES_ATOL)
+    assert_matches_trainer(graphdef, params, out, temperature=1.0, atol=STORIES_ATOL)
     sampled = rollout.generate(prompts, SamplingParams(n=4, temperature=0.9, max_new_tokens=48), rng_seed=5)
-    assert_matches_trainer(graphdef, params, sampled, temperature=0.9)
+    assert_matches_trainer(graphdef, params, sampled, temperature=0.9, atol=STORIES_ATOL)
     assert_same_rollout(sampled, sampler.generate(prompts, SamplingParams(n=4, temperature=0.9, max_new_tokens=48),
-                                                  rng_seed=5))
+                                                  rng_seed=5), atol=2 * STORIES_ATOL)
+
+
+
+
+@pytest.mark.slow
+def test_smollm2_equals_embedded_sampler_and_trainer(shared):
+    """SmolLM2-135M-Instruct (the real GGUF): chat prompts of ragged lengths, n=4, stop ids ending some rows early,
+    on 6 slots (12 rows): the embedded sampler's greedy tokens, log-probs within SMOLLM2_ATOL of the
+    trainer's recompute; the same for sampled rows (seeded per row)."""
+    from jaxrl.models import load_pretrained
+
+    pre = load_pretrained(str(shared / "models" / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    tok, cfg = pre.tokenizer, pre.config
+    texts = ["What is 12 plus 7?", "Hi", "Write a short sentence about the sea, the sky and a small red boat."]
+    prompts = [list(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=False)) for t in texts]
+    assert len({len(p) for p in prompts}) == 3
+    graphdef, params = nnx.split(pre.model)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else cfg.eos_token_id[0]
+    kw = dict(pad_token_id=int(pad), eos_token_ids=tuple(cfg.eos_token_id), max_prompt_length=64)
+    sampler = JaxSampler(cfg, graphdef, params, **kw)
+    rollout = JetStreamRollout(cfg, graphdef, params, max_new_tokens=20, slots=6, **kw)
+    plain = SamplingParams(n=4, do_sample=False, max_new_tokens=20)
+    sp = SamplingParams(n=4, do_sample=False, max_new_tokens=20,
+                        stop_token_ids=stops_from(sampler.generate(prompts, plain), rows=(0, 5)))
+    expected = sampler.generate(prompts, sp)
+    out = rollout.generate(prompts, sp)
+    assert len(set(out.response_lengths.tolist())) > 1
+    assert_same_rollout(out, expected, atol=2 * SMOLLM2_ATOL)
+    assert_matches_trainer(graphdef, params, out, temperature=1.0, atol=SMOLLM2_ATOL)
+    sampled = SamplingParams(n=4, temperature=0.8, max_new_tokens=20)
+    out = rollout.generate(prompts, sampled, rng_seed=2)
+    assert_same_rollout(out, sampler.generate(prompts, sampled, rng_seed=2), atol=2 * SMOLLM2_ATOL)
+    assert_matches_trainer(graphdef, params, out, temperature=0.8, atol=SMOLLM2_ATOL)
