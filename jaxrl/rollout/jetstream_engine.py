@@ -9,7 +9,7 @@ trainer drives it through :class:`jaxrl.rollout.jetstream_rollout.JetStreamRollo
 Decode state: ``S`` slots (``max_concurrent_decodes``) each with its own region of one KV cache
 ``[L, S, C, nKV, D]`` (``C = max_target_length``, fixed), so :meth:`generate` compiles once. A slot's cache
 position ``p`` holds its token at RoPE position ``p`` (prompt tokens from 0), and each slot decodes at its own
-position: the decoder runs under ``jax.vmap`` over slots with a per-slot ``cache_index``. The causal mask
+position: the decoder runs on all slots at once with a per-slot ``cache_index`` ``[S]``. The causal mask
 (key slot <= query slot) is the only attention mask a slot needs: everything after its position is either not
 written yet or left over from a previous request, and both sit after the query.
 
@@ -648,16 +648,13 @@ class JetStreamEngine(api.Engine):
         """One generate step (traced): ``(new_state, (token, log_prob, valid, length) [S] each)``."""
         c = self.max_target_length
         positions = jnp.minimum(state.lengths, c - 1)
-        attend = jnp.ones((1, c), jnp.int32)  # the causal mask does the rest (see the module docstring)
-
-        def one_slot(token, position, k, v):
-            model = nnx.merge(self._graphdef, params)
-            logits, cache = model(token[None, None], position[None, None], attend,
-                                  cache=KVCache(k[:, None], v[:, None]), cache_index=position)
-            return logits[0, 0], cache.k[:, 0], cache.v[:, 0]
-
-        logits, k, v = jax.vmap(one_slot, in_axes=(0, 0, 1, 1), out_axes=(0, 1, 1))(
-            state.tokens, positions, state.cache.k, state.cache.v)
+        attend = jnp.ones((self._slots, c), jnp.int32)  # the causal mask does the rest (see the module docstring)
+        model = nnx.merge(self._graphdef, params)
+        # Every slot at its own position: the decoder's per-row cache_index writes each slot's new key/value at
+        # its position (a scatter, in place) and masks keys after it.
+        logits, cache = model(state.tokens[:, None], positions[:, None], attend, cache=state.cache,
+                              cache_index=positions)
+        logits, k, v = logits[:, 0], cache.k, cache.v
         nxt, nxt_lp = self._select(logits, state.controls, state.steps)
         emitted = state.tokens
         stopped = jnp.any(emitted[:, None] == state.controls.stop_ids, axis=-1)
