@@ -14,21 +14,25 @@ Concurrency ``batch`` (``--batches``, default 32 and 64), the same for both engi
   whose row ends is refilled with the next request at once.
 
 Both engines draw row ``i``'s tokens from the same stream (``fold_in(fold_in(key(seed), i), t)``), so they generate
-the same tokens, which the script checks (token ids equal; log-probs printed): the same work, timed two ways.
+the same tokens (the script counts the rows that agree, and the largest log-prob gap on them): the same work, timed
+two ways.
 tokens/s = generated tokens (response-mask sum) / wall seconds of one whole ``generate`` call over all requests
-(prefill, host-side slot refill and output assembly included; compilation excluded: one un-timed warm-up call of
-the same workload first). ``slot use`` = generated tokens / (decode steps x batch): the share of the decode work
-that produced a token.
+(prefill, host-side slot refill and output assembly included; compilation excluded: one un-timed warm-up call
+first: the same workload for the sampler, whose programs depend on ``max_new_tokens``, and one new token per
+request for the engine, whose programs do not). ``slot use`` = generated tokens / (decode steps x batch): the
+share of the decode work that produced a token.
 
-Run: ``python bench/jetstream_throughput.py`` (128 prompts, batches 32 and 64: about an hour on a quiet
-2-core CPU) or ``--prompts 64`` / ``--quick`` (16 prompts, batch 8, 64 new tokens). Writes
+Run: ``python bench/jetstream_throughput.py`` (128 prompts, batches 32 and 64: long on a 2-core CPU), fewer
+requests with ``--prompts 64``, or ``--quick`` (16 prompts, batch 8, 64 new tokens) to check it works. Writes
 ``bench/results/jetstream_throughput.{md,json}``; ``python bench/report.py`` then rebuilds ``bench/RESULTS.md``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -66,6 +70,10 @@ def gsm8k_prompts(tokenizer, count: int) -> list[list[int]]:
     return out
 
 
+def _load(avg) -> str:
+    return "/".join(f"{x:.1f}" for x in avg)
+
+
 def _timed(engine, prompts, sp, seed: int):
     t0 = time.perf_counter()
     out = engine.generate(prompts, sp, rng_seed=seed)
@@ -93,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     from jaxrl.rollout import JaxSampler, SamplingParams
     from jaxrl.rollout.jetstream_rollout import JetStreamRollout
 
-    t_start = time.perf_counter()
+    t_start, load_start = time.perf_counter(), os.getloadavg()
     gguf = shared_dir() / "models" / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     pre = load_pretrained(str(gguf))
     tok, cfg = pre.tokenizer, pre.config
@@ -113,7 +121,10 @@ def main(argv: list[str] | None = None) -> None:
         outs = {}
         for name, engine in (("sampler", sampler), ("jetstream", rollout)):
             t0 = time.perf_counter()
-            engine.generate(prompts, sp, rng_seed=0)  # warm-up: compiles every shape this workload needs
+            # Warm-up: compiles every program this workload uses. The sampler's depend on max_new_tokens (static)
+            # and the chunk shapes: the whole call. The engine's do not (fixed slots and cache): one token each.
+            engine.generate(prompts, sp if name == "sampler" else dataclasses.replace(sp, max_new_tokens=1),
+                            rng_seed=0)
             warm = time.perf_counter() - t0
             steps0 = rollout.engine.num_decode_steps
             runs = [_timed(engine, prompts, sp, 0) for _ in range(a.repeats)]
@@ -130,13 +141,14 @@ def main(argv: list[str] | None = None) -> None:
             outs[name] = out
             print(f"  batch {b:3d} {name:9s}: {fmt_stats(stats(tps), 1)} tok/s, {tokens} tokens, {steps} decode steps, "
                   f"slot use {tokens / (steps * b):.0%} (warm-up {warm:.0f} s)", flush=True)
-        same = np.array_equal(outs["sampler"].response_ids, outs["jetstream"].response_ids)
-        gap = float(np.max(np.abs(outs["sampler"].rollout_log_probs - outs["jetstream"].rollout_log_probs)))
-        if not same:
-            raise RuntimeError(f"batch {b}: the engines generated different tokens; the comparison would not be "
-                               "the same work")
+        # Same streams, so the same tokens, up to a sampled token flipping where float32 rounding moves the
+        # distribution across the uniform draw (then that row and its length differ): counted, not hidden.
+        agree = np.all(outs["sampler"].response_ids == outs["jetstream"].response_ids, axis=1)
+        same_rows = int(agree.sum())
+        diff = np.abs(outs["sampler"].rollout_log_probs - outs["jetstream"].rollout_log_probs)[agree]
+        gap = float(np.max(diff, initial=0.0))
         lengths = outs["jetstream"].response_lengths
-        rec.update(same_tokens=same, max_log_prob_gap=gap, lengths={"min": int(lengths.min()),
+        rec.update(same_rows=same_rows, max_log_prob_gap=gap, lengths={"min": int(lengths.min()),
                    "median": float(np.median(lengths)), "max": int(lengths.max()),
                    "at_cap": int((lengths == a.max_new_tokens).sum())},
                    jetstream_over_sampler=rec["jetstream"]["median"] / rec["sampler"]["median"])
@@ -155,18 +167,20 @@ def main(argv: list[str] | None = None) -> None:
          "batch = the sampler's max_batch_size (requests in consecutive fixed batches) = the JetStream engine's "
          "decode slots (refilled as rows end)",
          "tokens/s = generated tokens / wall time of one generate call over all requests (prefill and host loop "
-         f"included); median (min-max) of {a.repeats} call(s) after one warm-up call; both engines generated the "
-         "same tokens (checked)",
+         f"included); median (min-max) of {a.repeats} call(s) after one warm-up call; same rows = rows whose tokens "
+         "both engines generated identically (same per-row random streams)",
          "decode steps: device decode steps (the sampler: the sum over its batches of the longest row); slot use = "
          "tokens / (decode steps x batch)",
-         f"total wall time: {wall:.0f} s"])
+         f"total wall time: {wall:.0f} s; load average (1/5/15 min) at start {_load(load_start)}, at end "
+         f"{_load(os.getloadavg())} on {os.cpu_count()} logical CPUs (other jobs on the machine slow both engines)"])
     lines += ["| batch | sampler tok/s | jetstream tok/s | jetstream / sampler | sampler steps (slot use) | "
-              "jetstream steps (slot use) | max log-prob gap |", "|---:|---:|---:|---:|---:|---:|---:|"]
+              "jetstream steps (slot use) | same rows | max log-prob gap |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in records:
         s, j = r["sampler"], r["jetstream"]
         lines.append(f"| {r['batch']} | {fmt_stats(s, 1)} | {fmt_stats(j, 1)} | {r['jetstream_over_sampler']:.2f}x | "
                      f"{s['decode_steps']} ({s['slot_use']:.0%}) | {j['decode_steps']} ({j['slot_use']:.0%}) | "
-                     f"{r['max_log_prob_gap']:.1e} |")
+                     f"{r['same_rows']}/{r['prompts']} | {r['max_log_prob_gap']:.1e} |")
     lines.append("")
     md, js = write_section("jetstream_throughput", lines, records)
     print("\n".join(lines))

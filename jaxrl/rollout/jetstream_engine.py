@@ -576,7 +576,8 @@ class JetStreamEngine(api.Engine):
         return self._release_jit(decode_state, self._replicated(np.int32(slot)))
 
     # ------------------------------------------------------------------ beyond JetStream: the driver's loop
-    def generate_steps(self, params, decode_state: DecodeState, *, stop_at_free: bool) -> tuple[DecodeState, StepsResult]:
+    def generate_steps(self, params, decode_state: DecodeState, *,
+                       stop_at_free: bool) -> tuple[DecodeState, StepsResult]:
         """Up to ``steps_per_call`` :meth:`generate` steps in one device call, with one device->host read.
 
         Stops early when no slot is live, or (``stop_at_free``) right after the step in which a slot finished, so

@@ -23,7 +23,7 @@ if not jetstream_compat.AVAILABLE:
         raise RuntimeError(f"JAXRL_REQUIRE_JETSTREAM is set but {jetstream_compat.IMPORT_ERROR}")
     pytest.skip(f"not run: {jetstream_compat.IMPORT_ERROR}", allow_module_level=True)
 
-from jaxrl.rollout.jetstream_orchestrator import decode_tokens, start_driver  # noqa: E402
+from jaxrl.rollout.jetstream_orchestrator import serve  # noqa: E402
 
 # Token prompts without BOS: JetStream's orchestrator prepends the tokenizer's bos id (is_bos for a new request).
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [40, 41], [17, 18, 19, 20, 21, 22, 23, 24, 25, 26], [33, 9, 50, 51, 3],
@@ -44,11 +44,8 @@ def _restore_root_logger():
 
 
 def _serve(engine, prompts, max_tokens):
-    driver = start_driver(engine)
-    try:
-        return decode_tokens(driver, prompts, max_tokens=max_tokens)
-    finally:
-        driver.stop()
+    with serve(engine) as client:
+        return client.decode(prompts, max_tokens=max_tokens)
 
 
 def _expected(sampler, prompts, max_tokens, stops):
