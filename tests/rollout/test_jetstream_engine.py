@@ -8,6 +8,7 @@ continuous batching (the number of decode steps shows a slot freed by an early s
 from __future__ import annotations
 
 import heapq
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +27,7 @@ from jaxrl.workers.actor import LogProbComputer
 from sharding.mesh import make_mesh
 from tests.helpers import tiny_model_config
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PAD, BOS, EOS = 0, 1, 2
 R = 12
 PROMPTS = [  # ragged: 3..15 tokens
@@ -339,6 +341,31 @@ def test_bad_requests_raise_one_line_errors(tiny):
     with pytest.raises(ValueError, match="max_target_length=16 must be an int > max_prefill_length=16"):
         JetStreamEngine(cfg, graphdef, params, pad_token_id=PAD, eos_token_ids=(EOS,), max_prefill_length=16,
                         max_target_length=16, max_concurrent_decodes=2)
+
+
+@pytest.mark.parametrize("overrides, slots", [([], 16 * 8), (["actor_rollout_ref.rollout.max_num_seqs=24"], 24)])
+def test_rollout_name_jetstream_builds_the_engine_from_the_config(tiny, overrides, slots):
+    """configs/quickstart.yaml with rollout.name=jetstream: the factory's engine behind a "jax"-format weight sync,
+    one slot per row of a generate call (train_batch_size 16 x n 8) capped by max_num_seqs, each slot's cache
+    max_prompt_length 64 + max_response_length 48."""
+    from types import SimpleNamespace
+
+    from jaxrl.config.errors import ConfigError
+    from jaxrl.config.loader import load_config
+    from jaxrl.rollout.factory import start_rollout
+    cfg, graphdef, params = tiny
+    quickstart, tok = REPO_ROOT / "configs" / "quickstart.yaml", SimpleNamespace(pad_token_id=PAD)
+    run = load_config(quickstart, ["actor_rollout_ref.rollout.name=jetstream", *overrides])
+    rollout = start_rollout(run, cfg, graphdef, params, tok).engine
+    assert isinstance(rollout, JetStreamRollout) and rollout.weight_format == WeightFormat.jax(None)
+    assert rollout.engine.max_concurrent_decodes == slots and rollout.engine.max_target_length == 64 + 48
+    sampler = start_rollout(load_config(quickstart, ["actor_rollout_ref.rollout.name=jax"]), cfg, graphdef, params,
+                            tok).engine
+    assert isinstance(sampler, JaxSampler)
+    greedy = SamplingParams(n=2, do_sample=False, max_new_tokens=R)
+    assert_same_rollout(rollout.generate(PROMPTS, greedy), sampler.generate(PROMPTS, greedy))
+    with pytest.raises(ConfigError, match=r"^actor_rollout_ref.rollout.max_num_seqs=0 is invalid; expected an int"):
+        load_config(quickstart, ["actor_rollout_ref.rollout.max_num_seqs=0"])
 
 
 def test_on_a_rollout_mesh_tokens_equal_one_device(tiny, rollouts):
