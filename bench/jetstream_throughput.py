@@ -1,7 +1,8 @@
 """Benchmark: generated tokens/s of the JetStream engine (continuous batching) vs the embedded JaxSampler (fixed
 batches) on ragged response lengths.
 
-Workload: the first ``--prompts`` GSM8K test questions (``$JAXRL_SHARED/data/gsm8k/test.jsonl``) as verl's GSM8K
+Workload: the first ``N`` GSM8K test questions (``N = --requests-per-slot x batch``, default 4 x batch, or
+``--prompts``) (``$JAXRL_SHARED/data/gsm8k/test.jsonl``) as verl's GSM8K
 prompt (question + ``jaxrl.data.prepare.GSM8K_INSTRUCTION``) in SmolLM2-135M-Instruct's chat template, at most
 ``--max-new-tokens`` (256) new tokens, stop at EOS (``<|im_end|>``), temperature 1, top-p 1, no top-k, one sample
 per prompt, float32, seed 0: a GRPO rollout's ragged lengths (short answers next to rows that hit the cap).
@@ -18,12 +19,14 @@ the same tokens (the script counts the rows that agree, and the largest log-prob
 two ways.
 tokens/s = generated tokens (response-mask sum) / wall seconds of one whole ``generate`` call over all requests
 (prefill, host-side slot refill and output assembly included; compilation excluded: one un-timed warm-up call
-first: the same workload for the sampler, whose programs depend on ``max_new_tokens``, and one new token per
-request for the engine, whose programs do not). ``slot use`` = generated tokens / (decode steps x batch): the
+first: one chunk of the same shapes for the sampler, whose programs depend on ``max_new_tokens``, and one new
+token per request for the engine, whose programs do not). ``slot use`` = generated tokens / (decode steps x batch): the
 share of the decode work that produced a token.
 
-Run: ``python bench/jetstream_throughput.py`` (128 prompts, batches 32 and 64: long on a 2-core CPU), fewer
-requests with ``--prompts 64``, or ``--quick`` (16 prompts, batch 8, 64 new tokens) to check it works. Writes
+Continuous batching pays when a slot serves several requests of unequal length: with ``N = batch`` both engines
+run one wave and do the same decode steps. Run: ``python bench/jetstream_throughput.py`` (4 requests per slot,
+batches 32 and 64: over an hour on a 2-core CPU), ``--requests-per-slot 2`` for less, or ``--quick`` (16 prompts,
+batch 8, 64 new tokens) to check it works. Writes
 ``bench/results/jetstream_throughput.{md,json}``; ``python bench/report.py`` then rebuilds ``bench/RESULTS.md``.
 """
 
@@ -82,7 +85,10 @@ def _timed(engine, prompts, sp, seed: int):
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prompts", type=int, default=128, help="GSM8K test questions (requests per call)")
+    ap.add_argument("--requests-per-slot", type=int, default=4,
+                    help="requests per call = this x batch (the first GSM8K test questions)")
+    ap.add_argument("--prompts", type=int, default=None,
+                    help="requests per call for every batch (overrides --requests-per-slot)")
     ap.add_argument("--batches", default="32,64", help="comma list of concurrencies (sampler batch = engine slots)")
     ap.add_argument("--max-new-tokens", type=int, default=256, help="response cap (rows stop earlier at EOS)")
     ap.add_argument("--repeats", type=int, default=1, help="timed calls per cell after one warm-up call")
@@ -91,8 +97,9 @@ def main(argv: list[str] | None = None) -> None:
     if a.quick:
         a.prompts, a.batches, a.max_new_tokens = 16, "8", 64
     batches = sorted({int(x) for x in a.batches.split(",") if x})
-    if a.prompts < 1 or not batches or min(batches) < 1 or a.max_new_tokens < 1 or a.repeats < 1:
-        ap.error("need --prompts >= 1, batches >= 1, --max-new-tokens >= 1, --repeats >= 1")
+    if ((a.prompts is not None and a.prompts < 1) or a.requests_per_slot < 1 or not batches or min(batches) < 1
+            or a.max_new_tokens < 1 or a.repeats < 1):
+        ap.error("need --prompts / --requests-per-slot >= 1, batches >= 1, --max-new-tokens >= 1, --repeats >= 1")
 
     from flax import nnx
 
@@ -106,24 +113,31 @@ def main(argv: list[str] | None = None) -> None:
     pre = load_pretrained(str(gguf))
     tok, cfg = pre.tokenizer, pre.config
     graphdef, params = nnx.split(pre.model)
-    prompts = gsm8k_prompts(tok, a.prompts)
+    counts = {b: a.prompts or a.requests_per_slot * b for b in batches}
+    all_prompts = gsm8k_prompts(tok, max(counts.values()))
     pad = tok.pad_token_id if tok.pad_token_id is not None else cfg.eos_token_id[0]
     kw = dict(pad_token_id=int(pad), eos_token_ids=tuple(cfg.eos_token_id), max_prompt_length=MAX_PROMPT_LENGTH)
     sp = SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=a.max_new_tokens)
-    print(f"SmolLM2-135M, {len(prompts)} GSM8K prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens, "
+    print(f"SmolLM2-135M, GSM8K prompts of {min(map(len, all_prompts))}-{max(map(len, all_prompts))} tokens, "
           f"<= {a.max_new_tokens} new tokens, stop at eos {cfg.eos_token_id}", flush=True)
 
     records = []
     for b in batches:
+        prompts = all_prompts[: counts[b]]
+        longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
+        # The sampler's programs depend on the call's prompt width (its longest prompt), the chunk size and
+        # max_new_tokens: one chunk holding the longest prompt compiles them all.
+        others = [p for i, p in enumerate(prompts) if i != longest][: b - 1]
+        warm_prompts = {"sampler": [prompts[longest], *others], "jetstream": prompts}
         sampler = JaxSampler(cfg, graphdef, params, max_batch_size=b, **kw)
         rollout = JetStreamRollout(cfg, graphdef, params, max_new_tokens=a.max_new_tokens, slots=b, **kw)
         rec = {"batch": b, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens}
         outs = {}
         for name, engine in (("sampler", sampler), ("jetstream", rollout)):
             t0 = time.perf_counter()
-            # Warm-up: compiles every program this workload uses. The sampler's depend on max_new_tokens (static)
-            # and the chunk shapes: the whole call. The engine's do not (fixed slots and cache): one token each.
-            engine.generate(prompts, sp if name == "sampler" else dataclasses.replace(sp, max_new_tokens=1),
+            # Warm-up: compiles every program this workload uses. The sampler: one chunk of the same shapes. The
+            # engine's programs do not depend on max_new_tokens (fixed slots and cache): one token per request.
+            engine.generate(warm_prompts[name], sp if name == "sampler" else dataclasses.replace(sp, max_new_tokens=1),
                             rng_seed=0)
             warm = time.perf_counter() - t0
             steps0 = rollout.engine.num_decode_steps
@@ -156,14 +170,15 @@ def main(argv: list[str] | None = None) -> None:
     wall = time.perf_counter() - t_start
 
     cmd = " ".join(["python bench/jetstream_throughput.py", *(sys.argv[1:] if argv is None else argv)])
-    ln = records[0]["lengths"]
+    ln = records[-1]["lengths"]
+    used = all_prompts[: max(counts.values())]
     lines = header_lines(
         "JetStream engine (continuous batching) vs embedded JaxSampler on ragged GSM8K responses", cmd,
-        [f"workload: SmolLM2-135M-Instruct (GGUF Q4_1 dequantized, float32), the first {len(prompts)} GSM8K test "
-         f"questions with verl's instruction in the chat template ({min(map(len, prompts))}-"
-         f"{max(map(len, prompts))} tokens), <= {a.max_new_tokens} new tokens, stop at eos, temperature 1, seed 0; "
-         f"response lengths min {ln['min']} / median {ln['median']:.0f} / max {ln['max']}, {ln['at_cap']} rows at "
-         "the cap",
+        [f"workload: SmolLM2-135M-Instruct (GGUF Q4_1 dequantized, float32), the first N GSM8K test questions "
+         f"(N in the table) with verl's instruction in the chat template ({min(map(len, used))}-"
+         f"{max(map(len, used))} tokens), <= {a.max_new_tokens} new tokens, stop at eos, temperature 1, seed 0; "
+         f"response lengths of the largest N: min {ln['min']} / median {ln['median']:.0f} / max {ln['max']}, "
+         f"{ln['at_cap']} of {records[-1]['prompts']} rows at the cap",
          "batch = the sampler's max_batch_size (requests in consecutive fixed batches) = the JetStream engine's "
          "decode slots (refilled as rows end)",
          "tokens/s = generated tokens / wall time of one generate call over all requests (prefill and host loop "
@@ -172,13 +187,15 @@ def main(argv: list[str] | None = None) -> None:
          "decode steps: device decode steps (the sampler: the sum over its batches of the longest row); slot use = "
          "tokens / (decode steps x batch)",
          f"total wall time: {wall:.0f} s; load average (1/5/15 min) at start {_load(load_start)}, at end "
-         f"{_load(os.getloadavg())} on {os.cpu_count()} logical CPUs (other jobs on the machine slow both engines)"])
-    lines += ["| batch | sampler tok/s | jetstream tok/s | jetstream / sampler | sampler steps (slot use) | "
-              "jetstream steps (slot use) | same rows | max log-prob gap |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+         f"{_load(os.getloadavg())} on {os.cpu_count()} logical CPUs (other jobs on the machine slow both "
+         "engines)"])
+    lines += ["| batch | requests N | sampler tok/s | jetstream tok/s | jetstream / sampler | "
+              "sampler steps (slot use) | jetstream steps (slot use) | same rows | max log-prob gap |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in records:
         s, j = r["sampler"], r["jetstream"]
-        lines.append(f"| {r['batch']} | {fmt_stats(s, 1)} | {fmt_stats(j, 1)} | {r['jetstream_over_sampler']:.2f}x | "
+        lines.append(f"| {r['batch']} | {r['prompts']} | {fmt_stats(s, 1)} | {fmt_stats(j, 1)} | "
+                     f"{r['jetstream_over_sampler']:.2f}x | "
                      f"{s['decode_steps']} ({s['slot_use']:.0%}) | {j['decode_steps']} ({j['slot_use']:.0%}) | "
                      f"{r['same_rows']}/{r['prompts']} | {r['max_log_prob_gap']:.1e} |")
     lines.append("")
