@@ -178,17 +178,20 @@ def _check_context_lengths(cfg, policy_config=None) -> None:
 
 
 def _check_data_sources(cfg, train_rows, val_rows) -> None:
-    """``jaxrl.rewards.check_data_sources`` on the first rows of the train and validation files."""
+    """``jaxrl.rewards.check_data_sources`` on the first rows of the train and validation files; rows scored by
+    running code need a working sandbox (``jaxrl.rewards.factory.check_sandbox``)."""
     from jaxrl.rewards import CHECKED_ROWS, check_data_sources
+    from jaxrl.rewards.factory import check_sandbox
 
     custom = bool(cfg.custom_reward_function.path)
     # with a reward model that replaces the rule reward, rows marked style="model" never reach a rule function
     rm_only = cfg.reward_model.enable and cfg.reward_model.combine == "replace"
     for key, loaded in (("train_files", train_rows), ("val_files", val_rows)):
         rows = loaded.rows if loaded is not None else []
-        sources = (r.get("data_source") for r in rows[:CHECKED_ROWS]
-                   if not (rm_only and (r.get("reward_model") or {}).get("style") == "model"))
+        sources = [r.get("data_source") for r in rows[:CHECKED_ROWS]
+                   if not (rm_only and (r.get("reward_model") or {}).get("style") == "model")]
         check_data_sources(sources, custom_reward=custom, origin=f"data.{key}={getattr(cfg.data, key)!r}")
+        check_sandbox(cfg, sources)
 
 
 def _load_policy(model_cfg):
@@ -277,7 +280,9 @@ def _build_actor_and_reference(cfg, graphdef, params, total_training_steps, plac
 
         ref_params = shard_state(ref_params, actor.param_shardings)
     ref = _Reference(LogProbComputer(graphdef, micro_batch_size=plan.ref_log_prob_rows,
-                                     temperature=rollout_cfg.temperature,
+                                     temperature=rollout_cfg.temperature, remove_padding=plan.actor.remove_padding,
+                                     max_token_len=plan.ref_max_token_len,
+                                     max_token_key="actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
                                      **_mesh_args(placement)), ref_params)
     return actor, ref
 

@@ -66,6 +66,51 @@ def batch_metrics(batch) -> dict[str, float]:
     return out
 
 
+_GIB = float(1024**3)
+
+
+def memory_metrics(devices=None) -> dict[str, float]:
+    """verl's per-step memory metrics, in GiB (``fsdp_workers.py``: ``perf/max_memory_allocated_gb``,
+    ``perf/max_memory_reserved_gb``, ``perf/cpu_memory_used_gb``).
+
+    * ``perf/max_memory_allocated_gb``: the peak bytes in use over this process's devices since start (XLA's
+      ``peak_bytes_in_use``, the counterpart of ``torch.cuda.max_memory_allocated``), the max over devices.
+    * ``perf/max_memory_reserved_gb``: the peak bytes the device allocator held (``peak_pool_bytes``, else
+      ``peak_bytes_reserved``, else ``bytes_limit``: XLA's GPU allocator preallocates its pool), the max over devices.
+    * ``perf/cpu_memory_used_gb``: this process's resident set size (``psutil``; verl logs the machine's used
+      memory, which on a shared host says little about the run).
+
+    Both device keys are omitted where the backend keeps no memory statistics (``Device.memory_stats()`` is None:
+    the CPU backend), rather than logged as a misleading 0.
+
+    Args:
+      devices: the devices to read (default ``jax.local_devices()``).
+    """
+    import jax
+    import psutil
+
+    out = {"perf/cpu_memory_used_gb": psutil.Process().memory_info().rss / _GIB}
+    allocated, reserved = [], []
+    for d in jax.local_devices() if devices is None else devices:
+        try:
+            stats = d.memory_stats()
+        except Exception:  # noqa: BLE001 -- a backend without the call: no statistics, as None
+            stats = None
+        if not stats:
+            continue
+        if "peak_bytes_in_use" in stats:
+            allocated.append(stats["peak_bytes_in_use"])
+        for key in ("peak_pool_bytes", "peak_bytes_reserved", "bytes_limit"):
+            if key in stats:
+                reserved.append(stats[key])
+                break
+    if allocated:
+        out["perf/max_memory_allocated_gb"] = max(allocated) / _GIB
+    if reserved:
+        out["perf/max_memory_reserved_gb"] = max(reserved) / _GIB
+    return out
+
+
 def rollout_mismatch_metrics(batch, entropy: np.ndarray) -> dict[str, float]:
     """How far the rollout engine's token probabilities are from the trainer's recompute (same weights).
 

@@ -43,11 +43,18 @@ def ensure_writable_dir(path: str | os.PathLike, key: str) -> Path:
       the folder as a :class:`Path`.
 
     Raises:
-      OutputDirError: the folder cannot be created (a parent is a file, no permission, read-only filesystem) or
-        is not writable; the message gives the OS reason.
+      OutputDirError: ``path`` is a URL (``gs://...``, ``s3://...``: the run folder holds a lock and appended
+        logs, which need a filesystem; mount the bucket instead), or the folder cannot be created (a parent is a
+        file, no permission, read-only filesystem) or is not writable; the message gives the OS reason.
     """
+    import re
     import tempfile
 
+    if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", str(path)):
+        raise OutputDirError(
+            f"{key}={str(path)!r} is a URL; the run folder must be a filesystem path (it holds the run lock and "
+            "appended logs): mount the bucket on every host (e.g. gcsfuse MY_BUCKET /mnt/gcs) and give a path "
+            "under it")
     p = Path(path).expanduser()
     try:
         p.mkdir(parents=True, exist_ok=True)

@@ -105,6 +105,10 @@ def _main(argv: Sequence[str] | None) -> int:
         sys.stdout.write(config_to_yaml(loaded.config))
         sys.stdout.flush()
         return 0
+    if loaded.config.trainer.launcher == "ray":  # this process only places and supervises the hosts' processes
+        from jaxrl.ray_backend.driver import run_driver
+
+        return run_driver(loaded.config, list(sys.argv[1:] if argv is None else argv))
     from jaxrl.checkpoint import CheckpointIncompatibleError, CheckpointRestoreError, CheckpointSaveError
     from jaxrl.data.sources import DataFileError
     from jaxrl.models.files import ModelFileError
@@ -113,6 +117,7 @@ def _main(argv: Sequence[str] | None) -> int:
     from jaxrl.rewards.factory import check_custom_reward
     from jaxrl.rewards.manager import RewardError
     from jaxrl.rewards.pool import WorkerStartError
+    from jaxrl.sandbox import SandboxUnavailableError
 
     try:
         check_custom_reward(loaded.config)  # a bad custom reward file fails now, before jax is imported
@@ -140,7 +145,8 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"jaxrl: error: {e}", file=sys.stderr)
         return 2
     except (FileNotFoundError, DataFileError, ModelFileError, NonFiniteTrainingError, CheckpointRestoreError,
-            CheckpointSaveError) as e:  # names the culprit and the fix (a failed final save: the newest checkpoint)
+            CheckpointSaveError, SandboxUnavailableError) as e:  # names the culprit and the fix (a failed final
+        # save: the newest checkpoint; no sandbox for code rows: what to install), exit 1
         print(f"jaxrl: error: {e}", file=sys.stderr)
         return 1
     except CustomRewardError as e:  # the custom reward file (changed since the check) or its signature

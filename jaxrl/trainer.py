@@ -27,7 +27,8 @@ from jaxrl import distributed
 from jaxrl.batch import RLBatch
 from jaxrl.build import Components, build
 from jaxrl.experience import decode_responses, extra_as_array, sampling_params, score_responses
-from jaxrl.metrics import batch_metrics, plot_rewards, rollout_mismatch_metrics, timed, validation_metrics
+from jaxrl.metrics import (batch_metrics, memory_metrics, plot_rewards, rollout_mismatch_metrics, timed,
+                           validation_metrics)
 from jaxrl.run_checkpoint import RunCheckpoints, check_final_checkpoint, latest_checkpoint_text
 
 log = logging.getLogger("jaxrl")
@@ -93,6 +94,7 @@ class Trainer:
         n_tokens = int(batch.response_mask.sum() + batch.prompt_mask.sum())
         metrics["perf/total_num_tokens"] = n_tokens
         metrics["perf/throughput"] = n_tokens / max(t["step"], 1e-9)
+        metrics.update(memory_metrics())
         metrics["training/epoch"] = c.train_data.epoch
         return metrics
 

@@ -1,8 +1,8 @@
 """What the launcher refuses before it calls gcloud at all (pure; each failure is one LaunchError line).
 
 - `--env K=V`: K a shell variable name.
-- A `jaxrl.train` program on a pod: `trainer.default_local_dir=` given on the command line and either `gs://...`
-  or a path under a `--shared-storage` mount (every host writes the same checkpoint folder, so it must be one
+- A `jaxrl.train` program on a pod: `trainer.default_local_dir=` given on the command line as a path under a
+  `--shared-storage` mount, not a URL (every host writes the same checkpoint folder, so it must be one
   folder all hosts see; the config file's own value is not read: it is usually a local `outputs/...`).
 - A `jaxrl.train` program on more than one host: `trainer.distributed.mode=` given (on a TPU pod `auto`: every
   host joins one JAX world; without it each host would train alone).
@@ -53,14 +53,17 @@ def override(program: list[str], key: str) -> str | None:
 
 
 def check_output_dir(value: str | None, shared_storage: list[str]) -> None:
-    """`trainer.default_local_dir` must be gs:// or an absolute path under one of `shared_storage`."""
+    """`trainer.default_local_dir` must be an absolute path under one of `shared_storage` (not a URL: jaxrl.train
+    keeps a lock and appended logs in the run folder, which need a filesystem; a bucket is mounted with gcsfuse)."""
     shared = ", ".join(shared_storage) if shared_storage else "none given"
-    hint = ("every host writes the same checkpoint folder: give trainer.default_local_dir=gs://BUCKET/PATH, or "
-            f"a path under a filesystem mounted on every host and named with --shared-storage (given: {shared})")
+    hint = ("every host writes the same run folder: give trainer.default_local_dir=/mnt/PATH/run, a path under a "
+            "filesystem mounted on every host (Filestore/NFS, or a bucket mounted with gcsfuse) and named with "
+            f"--shared-storage /mnt/PATH (given: {shared})")
     if value is None:
         raise LaunchError(f"the program sets no trainer.default_local_dir=...; {hint}")
-    if value.startswith("gs://") and len(value) > len("gs://"):
-        return
+    if "://" in value:
+        raise LaunchError(f"trainer.default_local_dir={value!r} is a URL, which jaxrl.train cannot use as its run "
+                          f"folder; {hint}")
     if os.path.isabs(value):
         path = os.path.normpath(value)
         for mount in shared_storage:
@@ -81,8 +84,8 @@ def check_shared_storage(mounts: list[str]) -> None:
 def check_program(program: list[str], workers: int, shared_storage: list[str], driver_only: bool = False) -> None:
     """All checks for a program before anything starts. driver_only: the Ray variant (one driver process)."""
     if not program:
-        raise LaunchError("no program given: put it after --, e.g. -- python -m jaxrl.train --config configs/x.yaml "
-                          "trainer.default_local_dir=gs://BUCKET/run trainer.distributed.mode=auto")
+        raise LaunchError("no program given: put it after --, e.g. --shared-storage /mnt/gcs -- python -m jaxrl.train "
+                          "--config configs/x.yaml trainer.default_local_dir=/mnt/gcs/run trainer.distributed.mode=auto")
     check_shared_storage(shared_storage)
     if not is_train_program(program):
         return

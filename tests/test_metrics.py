@@ -76,3 +76,33 @@ def test_wandb_sink_works_offline(tmp_path, monkeypatch):
     logger.close()
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
+
+
+def test_memory_metrics_report_process_rss_and_device_peaks():
+    import jax
+    import psutil
+
+    from jaxrl.metrics import memory_metrics
+
+    m = memory_metrics()
+    rss = psutil.Process().memory_info().rss / 1024**3
+    assert abs(m["perf/cpu_memory_used_gb"] - rss) < 0.05
+    big = np.ones(64 * 1024**2 // 8)  # 64 MiB more resident memory
+    assert memory_metrics()["perf/cpu_memory_used_gb"] > m["perf/cpu_memory_used_gb"] + 0.05
+    del big
+    if all(d.memory_stats() is None for d in jax.local_devices()):  # the CPU backend keeps no statistics
+        assert set(m) == {"perf/cpu_memory_used_gb"}
+
+    class FakeDevice:  # stands for a GPU's allocator statistics (XLA's key names)
+        def __init__(self, stats):
+            self.stats = stats
+
+        def memory_stats(self):
+            return self.stats
+
+    gib = 1024**3
+    devs = [FakeDevice({"peak_bytes_in_use": 3 * gib, "peak_pool_bytes": 5 * gib, "bytes_limit": 70 * gib}),
+            FakeDevice({"peak_bytes_in_use": 4 * gib, "bytes_limit": 70 * gib}), FakeDevice(None)]
+    m = memory_metrics(devs)
+    assert m["perf/max_memory_allocated_gb"] == 4.0
+    assert m["perf/max_memory_reserved_gb"] == 70.0  # the max over devices (the second reports only its limit)

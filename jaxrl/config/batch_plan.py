@@ -14,6 +14,11 @@ rollout.n; ppo_mini_batch_size //= world_size // ulysses_sp`` and a micro-batch 
 which must divide that per-rank mini-batch). ``ppo_mini_batch_size`` keeps verl's user-facing meaning, prompts per
 optimizer update over all devices: the plan's mini-batch rows are global, and each device's share is
 ``mini-batch rows / batch shards`` (:attr:`RolePlan.per_device_mini_batch_rows`).
+
+verl's token budgets (``use_dynamic_bsz`` with ``ppo_max_token_len_per_gpu``, ``log_prob_*``, the critic's) are per
+device too (:func:`token_budgets`); the plan keeps them per device (``RolePlan.max_token_len``,
+``forward_max_token_len``, ``BatchPlan.ref_max_token_len``) and the planner (:mod:`jaxrl.workers.seqlen`) gives every
+micro-batch at most that many real tokens on each of the ``batch_shards`` devices.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import dataclasses
 import math
 from typing import NamedTuple, Optional
 
-__all__ = ["BatchPlan", "MicroBatch", "RolePlan", "micro_rows"]
+__all__ = ["BatchPlan", "MicroBatch", "RolePlan", "micro_rows", "token_budgets"]
 
 
 def micro_rows(per_gpu: Optional[int], fallback: int, batch_shards: int = 1) -> int:
@@ -38,6 +43,34 @@ def micro_rows(per_gpu: Optional[int], fallback: int, batch_shards: int = 1) -> 
       ``per_gpu x batch_shards`` rows (one micro-batch over all data-parallel devices), else ``fallback``.
     """
     return fallback if per_gpu is None else int(per_gpu) * int(batch_shards)
+
+
+def token_budgets(cfg) -> dict[str, Optional[int]]:
+    """verl's dynamic batch size: ``{budget key: real tokens per data-parallel device, or None when its switch is
+    off}`` for the actor's update, the rollout's log-prob forward, the reference's and the critic's update and
+    forward. Unset (null) values follow verl's defaults: the log-prob and reference switches / budgets the actor's
+    (``use_dynamic_bsz``, ``ppo_max_token_len_per_gpu``), the critic's switch the actor's and its forward budget its
+    update budget (the loader fills them the same way; a config built from the schema dataclasses resolves here).
+    """
+    arr, critic = cfg.actor_rollout_ref, cfg.critic
+    actor_on, actor_len = bool(arr.actor.use_dynamic_bsz), arr.actor.ppo_max_token_len_per_gpu
+
+    def pick(value, fallback):
+        return fallback if value is None else value
+
+    lp_on = pick(arr.rollout.log_prob_use_dynamic_bsz, actor_on)
+    ref_on = pick(arr.ref.log_prob_use_dynamic_bsz, actor_on)
+    critic_on = pick(critic.use_dynamic_bsz, actor_on)
+    critic_fwd = pick(critic.forward_max_token_len_per_gpu, critic.ppo_max_token_len_per_gpu)
+    return {
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": int(actor_len) if actor_on else None,
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": (
+            int(pick(arr.rollout.log_prob_max_token_len_per_gpu, actor_len)) if lp_on else None),
+        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": (
+            int(pick(arr.ref.log_prob_max_token_len_per_gpu, actor_len)) if ref_on else None),
+        "critic.ppo_max_token_len_per_gpu": int(critic.ppo_max_token_len_per_gpu) if critic_on else None,
+        "critic.forward_max_token_len_per_gpu": int(critic_fwd) if critic_on else None,
+    }
 
 
 class MicroBatch(NamedTuple):
@@ -75,6 +108,13 @@ class RolePlan:
       forward_rows: rows per no-grad forward call (log-probs / values) over all data-parallel devices.
       ppo_epochs: passes over each RL batch.
       batch_shards: the data-parallel devices the plan was derived for (the train mesh's batch shards; 1 = no mesh).
+      remove_padding: the role's forward / backward run on packed rows (``model.use_remove_padding``).
+      max_token_len: the update's token budget, real tokens per data-parallel device per micro-batch
+        (``ppo_max_token_len_per_gpu`` when ``use_dynamic_bsz``), None = micro-batches of ``micro_batch_rows``.
+      forward_max_token_len: the no-grad forward's token budget per device (actor: the rollout's
+        ``log_prob_max_token_len_per_gpu`` when ``log_prob_use_dynamic_bsz``; critic:
+        ``forward_max_token_len_per_gpu`` when ``use_dynamic_bsz``), None = calls of ``forward_rows``.
+      max_token_key, forward_max_token_key: the config keys of the two budgets (messages).
     """
 
     section: str
@@ -88,11 +128,19 @@ class RolePlan:
     forward_rows: int
     ppo_epochs: int
     batch_shards: int = 1
+    remove_padding: bool = False
+    max_token_len: Optional[int] = None
+    forward_max_token_len: Optional[int] = None
+    max_token_key: str = ""
+    forward_max_token_key: str = ""
 
     @classmethod
     def derive(cls, section: str, *, rollout_n: int, rows_per_step: int, mini_batch_size: int,
                micro_batch_size_per_gpu: Optional[int], forward_key: str, forward_per_gpu: Optional[int],
-               forward_fallback: Optional[int] = None, ppo_epochs: int = 1, batch_shards: int = 1) -> "RolePlan":
+               forward_fallback: Optional[int] = None, ppo_epochs: int = 1, batch_shards: int = 1,
+               remove_padding: bool = False, max_token_len: Optional[int] = None,
+               forward_max_token_len: Optional[int] = None, max_token_key: str = "",
+               forward_max_token_key: str = "") -> "RolePlan":
         """The plan from the config values on ``batch_shards`` data-parallel devices (set micro-batches are per
         device, :func:`micro_rows`; unset ones fall back as the schema documents: the update's to the whole
         mini-batch, the forward's to ``forward_fallback`` rows, default the update micro-batch)."""
@@ -102,7 +150,10 @@ class RolePlan:
         return cls(section=section, rollout_n=int(rollout_n), rows_per_step=int(rows_per_step),
                    mini_batch_size=int(mini_batch_size), micro_batch_size_per_gpu=micro_batch_size_per_gpu,
                    micro_batch_rows=micro, forward_key=forward_key, forward_per_gpu=forward_per_gpu,
-                   forward_rows=forward, ppo_epochs=int(ppo_epochs), batch_shards=int(batch_shards))
+                   forward_rows=forward, ppo_epochs=int(ppo_epochs), batch_shards=int(batch_shards),
+                   remove_padding=bool(remove_padding), max_token_len=max_token_len,
+                   forward_max_token_len=forward_max_token_len, max_token_key=max_token_key,
+                   forward_max_token_key=forward_max_token_key)
 
     @property
     def micro_key(self) -> str:
@@ -158,7 +209,15 @@ class RolePlan:
                 f"{self.section}.ppo_mini_batch_size*rollout.n = {self.mini_batch_rows} responses per mini-batch "
                 f"do not split over the {dp} data-parallel devices; valid: a multiple of {dp}"
             )
+        for key, budget in ((self.max_token_key, self.max_token_len),
+                            (self.forward_max_token_key, self.forward_max_token_len)):
+            if budget is not None and budget < 1:
+                raise ValueError(f"{key}={budget} must be >= 1 (real tokens per device per micro-batch)")
+        if self.forward_rows < 1:
+            raise ValueError(f"{self.forward_key} must be >= 1, got {self.forward_rows}")
         per_gpu = self.micro_batch_size_per_gpu
+        if self.max_token_len is not None:
+            return  # token-budget micro-batches: the update's row count is not used (verl ignores it too)
         if self.micro_batch_rows < 1 or self.mini_batch_rows % self.micro_batch_rows:
             where = "" if dp == 1 else (f" / {dp} data-parallel devices = {self.per_device_mini_batch_rows} per "
                                         "device")
@@ -167,8 +226,6 @@ class RolePlan:
                 f"{self.section}.ppo_mini_batch_size*rollout.n = {self.mini_batch_rows}{where} must be divisible by "
                 f"{self.micro_key} = {per_gpu if per_gpu is not None else self.micro_batch_rows}{mesh}"
             )
-        if self.forward_rows < 1:
-            raise ValueError(f"{self.forward_key} must be >= 1, got {self.forward_rows}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,6 +251,8 @@ class BatchPlan:
         fsdp`` under the default rules), 1 without a mesh.
       ref_log_prob_per_gpu, reward_model_per_gpu: the configured per-device values behind ``ref_log_prob_rows``
         and ``reward_model_rows`` (None when unset), for messages.
+      ref_max_token_len: the reference forward's token budget per device (``ref.log_prob_max_token_len_per_gpu``
+        when ``ref.log_prob_use_dynamic_bsz``), None = calls of ``ref_log_prob_rows``.
     """
 
     rollout_n: int
@@ -207,6 +266,7 @@ class BatchPlan:
     batch_shards: int = 1
     ref_log_prob_per_gpu: Optional[int] = None
     reward_model_per_gpu: Optional[int] = None
+    ref_max_token_len: Optional[int] = None
 
     @classmethod
     def from_config(cls, cfg, *, batch_shards: int = 1) -> "BatchPlan":
@@ -229,13 +289,21 @@ class BatchPlan:
         rows = int(cfg.data.train_batch_size) * n
         actor_cfg, critic_cfg = arr.actor, cfg.critic
         log_prob_key = "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"
+        budgets = token_budgets(cfg)
         actor = RolePlan.derive(
             "actor_rollout_ref.actor", rollout_n=n, rows_per_step=rows,
             mini_batch_size=actor_cfg.ppo_mini_batch_size,
             micro_batch_size_per_gpu=actor_cfg.ppo_micro_batch_size_per_gpu,
             forward_key=log_prob_key, forward_per_gpu=arr.rollout.log_prob_micro_batch_size_per_gpu,
             forward_fallback=rows, ppo_epochs=actor_cfg.ppo_epochs, batch_shards=dp,
+            remove_padding=arr.model.use_remove_padding,
+            max_token_len=budgets["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"],
+            forward_max_token_len=budgets["actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"],
+            max_token_key="actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+            forward_max_token_key="actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
         )
+        critic_pad = critic_cfg.model.use_remove_padding
+        critic_pad = arr.model.use_remove_padding if critic_pad is None else critic_pad
         critic_mini = critic_cfg.ppo_mini_batch_size or actor_cfg.ppo_mini_batch_size
         critic_epochs = critic_cfg.ppo_epochs or actor_cfg.ppo_epochs
         critic = RolePlan.derive(
@@ -243,6 +311,9 @@ class BatchPlan:
             micro_batch_size_per_gpu=critic_cfg.ppo_micro_batch_size_per_gpu,
             forward_key="critic.forward_micro_batch_size_per_gpu",
             forward_per_gpu=critic_cfg.forward_micro_batch_size_per_gpu, ppo_epochs=critic_epochs, batch_shards=dp,
+            remove_padding=critic_pad, max_token_len=budgets["critic.ppo_max_token_len_per_gpu"],
+            forward_max_token_len=budgets["critic.forward_max_token_len_per_gpu"],
+            max_token_key="critic.ppo_max_token_len_per_gpu", forward_max_token_key="critic.forward_max_token_len_per_gpu",
         )
         rm, ref = cfg.reward_model.micro_batch_size_per_gpu, arr.ref.log_prob_micro_batch_size_per_gpu
         return cls(
@@ -252,12 +323,13 @@ class BatchPlan:
             ref_log_prob_rows=micro_rows(ref, actor.forward_rows, dp),
             reward_model_rows=None if rm is None else micro_rows(rm, 0, dp), batch_shards=dp,
             ref_log_prob_per_gpu=ref, reward_model_per_gpu=rm,
+            ref_max_token_len=budgets["actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"],
         )
 
     def micro_batches(self, *, critic: bool, reward_model: bool) -> list[MicroBatch]:
-        """Every micro-batch a jitted phase runs (what must split over a mesh's batch axes): the actor's update and
-        log-prob calls, the reference's, the critic's update and value calls (``critic``) and the reward model's
-        (``reward_model``, when its size is set)."""
+        """Every fixed-size micro-batch a jitted phase runs (what must split over a mesh's batch axes): the actor's
+        update and log-prob calls, the reference's, the critic's update and value calls (``critic``) and the reward
+        model's (``reward_model``, when its size is set); passes under a token budget are left out."""
         a, c = self.actor, self.critic
         out = [
             MicroBatch(a.micro_key, a.micro_batch_size_per_gpu, a.micro_batch_rows, "the whole mini-batch"),
@@ -265,6 +337,13 @@ class BatchPlan:
             MicroBatch("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", self.ref_log_prob_per_gpu,
                        self.ref_log_prob_rows, f"the actor's log-prob micro-batch ({a.forward_key})"),
         ]
+        # a pass under a token budget (use_dynamic_bsz) does not use its row count
+        unused = {a.micro_key} if a.max_token_len is not None else set()
+        unused |= {a.forward_key} if a.forward_max_token_len is not None else set()
+        if self.ref_max_token_len is not None:
+            unused.add("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu")
+        if c.max_token_len is not None:
+            unused |= {c.micro_key, c.forward_key}
         if reward_model and self.reward_model_rows is not None:
             out.append(MicroBatch("reward_model.micro_batch_size_per_gpu", self.reward_model_per_gpu,
                                   self.reward_model_rows, "the whole batch"))
@@ -272,4 +351,4 @@ class BatchPlan:
             out += [MicroBatch(c.micro_key, c.micro_batch_size_per_gpu, c.micro_batch_rows, "the whole mini-batch"),
                     MicroBatch(c.forward_key, c.forward_per_gpu, c.forward_rows,
                                f"the critic's update micro-batch ({c.micro_key})")]
-        return out
+        return [mb for mb in out if mb.key not in unused]

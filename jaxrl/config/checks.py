@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
 import typing
 from typing import Any, Iterable, Optional
 
@@ -133,9 +134,20 @@ def normalise(cfg: JaxRLConfig) -> None:
     if d.gen_batch_size is None:
         d.gen_batch_size = d.train_batch_size
     critic, model = cfg.critic, cfg.actor_rollout_ref.model
-    for name in ("enable_gradient_checkpointing", "dtype", "param_dtype"):
+    for name in ("enable_gradient_checkpointing", "dtype", "param_dtype", "use_remove_padding"):
         if getattr(critic.model, name) is None:
             setattr(critic.model, name, getattr(model, name))
+    # verl's dynamic-batch defaults (oc.select): the log-prob / reference / critic switches follow the actor's,
+    # their budgets the actor's (the critic's forward its update budget)
+    for section in (rollout, cfg.actor_rollout_ref.ref):
+        if section.log_prob_use_dynamic_bsz is None:
+            section.log_prob_use_dynamic_bsz = actor.use_dynamic_bsz
+        if section.log_prob_max_token_len_per_gpu is None:
+            section.log_prob_max_token_len_per_gpu = actor.ppo_max_token_len_per_gpu
+    if critic.use_dynamic_bsz is None:
+        critic.use_dynamic_bsz = actor.use_dynamic_bsz
+    if critic.forward_max_token_len_per_gpu is None:
+        critic.forward_max_token_len_per_gpu = critic.ppo_max_token_len_per_gpu
     if critic.ppo_mini_batch_size is None:
         critic.ppo_mini_batch_size = actor.ppo_mini_batch_size
     if critic.ppo_epochs is None:
@@ -204,6 +216,7 @@ def validate_sections(cfg: JaxRLConfig, c: Checks) -> None:
     c.int_at_least(f"{a}.ppo_mini_batch_size", 1)
     c.int_at_least(f"{a}.ppo_micro_batch_size_per_gpu", 1, nullable=True)
     c.int_at_least(f"{a}.ppo_epochs", 1)
+    c.int_at_least(f"{a}.ppo_max_token_len_per_gpu", 1)
     c.real(f"{a}.kl_loss_coef", 0.0)
     c.choice(f"{a}.kl_loss_type", schema.KL_LOSS_TYPE_CHOICES)
     c.real(f"{a}.entropy_coeff", 0.0)
@@ -240,6 +253,8 @@ def validate_sections(cfg: JaxRLConfig, c: Checks) -> None:
     if not (is_int(cfg.actor_rollout_ref.rollout.seed) and 0 <= cfg.actor_rollout_ref.rollout.seed < _MAX_SEED):
         c.fail(f"{r}.seed", f"an int in [0, {_MAX_SEED}) or null (= trainer.seed)")
     c.int_at_least("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", 1, nullable=True)
+    c.int_at_least(f"{r}.log_prob_max_token_len_per_gpu", 1)
+    c.int_at_least("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", 1)
     # algorithm
     c.choice("algorithm.adv_estimator", registry.ADV_ESTIMATORS.names())  # built-in + external_lib's
     c.real("algorithm.gamma", 0.0, 1.0)
@@ -261,6 +276,8 @@ def validate_sections(cfg: JaxRLConfig, c: Checks) -> None:
     c.int_at_least(f"{k}.ppo_micro_batch_size_per_gpu", 1, nullable=True)
     c.int_at_least(f"{k}.forward_micro_batch_size_per_gpu", 1, nullable=True)
     c.int_at_least(f"{k}.ppo_epochs", 1)
+    c.int_at_least(f"{k}.ppo_max_token_len_per_gpu", 1)
+    c.int_at_least(f"{k}.forward_max_token_len_per_gpu", 1)
     c.real(f"{k}.cliprange_value", 0.0)
     c.real(f"{k}.grad_clip", -math.inf)
     c.choice(f"{k}.loss_agg_mode", schema.LOSS_AGG_MODE_CHOICES)
@@ -289,6 +306,15 @@ def validate_sections(cfg: JaxRLConfig, c: Checks) -> None:
     c.int_at_least("trainer.max_actor_ckpt_to_keep", 1, off=0, nullable=True)
     c.int_at_least("trainer.max_critic_ckpt_to_keep", 1, off=0, nullable=True)
     c.int_at_least("trainer.max_nonfinite_steps", 1)
+    if cfg.trainer.launcher is not None:
+        c.choice("trainer.launcher", schema.LAUNCHER_CHOICES)
+    c.int_at_least("trainer.max_restarts", 0)
+    c.choice("trainer.ray.resource", schema.RAY_RESOURCE_CHOICES)
+    c.int_at_least("trainer.ray.placement_timeout_s", 1)
+    topology = cfg.trainer.ray.tpu_topology
+    if topology is not None and not (isinstance(topology, str) and re.fullmatch(r"\d+(x\d+){1,2}", topology.strip())):
+        c.fail("trainer.ray.tpu_topology", "a TPU topology such as '2x2x2' or '4x4', or null (the TPU nodes' label)")
+    c.text("trainer.ray.tpu_accelerator", nullable=True)
 
 
 def validate_rewards(cfg: JaxRLConfig, c: Checks) -> None:
@@ -303,6 +329,20 @@ def validate_rewards(cfg: JaxRLConfig, c: Checks) -> None:
     if cfg.reward_model.math_verifier == "math_verify" and importlib.util.find_spec("math_verify") is None:
         c.fail("reward_model.math_verifier", "'rule', or install math-verify: pip install 'math-verify[antlr4_13_2]'")
     c.real("reward_model.overlong_buffer.penalty_factor", 0.0)
+    c.choice("reward_model.sandbox.isolation", schema.SANDBOX_ISOLATION_CHOICES)
+    c.choice("reward_model.sandbox.score", schema.CODE_SCORE_CHOICES)
+    c.real("reward_model.sandbox.wall_s", 0.0, lo_open=True)
+    c.real("reward_model.sandbox.cpu_s", 0.0, lo_open=True)
+    c.int_at_least("reward_model.sandbox.max_processes", 1)
+    c.int_at_least("reward_model.sandbox.max_output_bytes", 1)
+    c.int_at_least("reward_model.sandbox.tmp_mb", 1)
+    c.text("reward_model.sandbox_fusion.url", nullable=True)
+    url = cfg.reward_model.sandbox_fusion.url
+    if url is not None and not str(url).startswith(("http://", "https://")):
+        c.fail("reward_model.sandbox_fusion.url",
+               "null or a Sandbox Fusion run_code endpoint: http(s)://HOST:PORT/run_code")
+    c.int_at_least("reward_model.sandbox_fusion.max_concurrent", 1)
+    c.int_at_least("reward_model.sandbox_fusion.memory_limit_mb", 16)
     ob = cfg.reward_model.overlong_buffer
     if ob.enable and not (is_int(ob.len) and 1 <= ob.len <= cfg.data.max_response_length):
         c.fail(

@@ -27,8 +27,8 @@ _FSDP = (
 _COMPILE = "JAX always jit-compiles with XLA; torch.compile does not apply"
 _STRATEGY = "JAX runs one jit-compiled SPMD program per step; verl's fsdp/megatron strategies do not apply"
 _DYN_BSZ = (
-    "token-budget dynamic batching is not implemented; jaxrl uses fixed micro-batches "
-    "(*_micro_batch_size_per_gpu) with masked padding"
+    "token-budget micro-batches cover the actor, reference and critic; the reward model uses "
+    "reward_model.micro_batch_size_per_gpu"
 )
 _SP = "Ulysses sequence parallelism is not implemented (a future mesh axis); only 1 is valid"
 _ENTROPY_MEM = "torch memory tweak; XLA fuses the entropy computation"
@@ -45,14 +45,14 @@ _REWARD_LOOP = (
 _RM_PLACE = "jaxrl runs the reward model as a jitted Flax model on the train mesh; no separate resource pool"
 _RM_LOOP = ("verl's reward-loop server (vLLM/SGLang) settings; jaxrl scores the reward model in-process on the train "
             "mesh, as verl's RewardModelWorker does")
-_RAY = "jaxrl is a single-controller JAX program; no Ray cluster, worker groups or NCCL groups"
+_RAY = ("verl's Ray worker-group / NCCL settings do not apply: jaxrl's Ray launcher (trainer.launcher=ray) runs one "
+        "JAX process per host and has its own trainer.ray.* keys")
 _MULTI_TURN = "multi-turn/tool rollout is not supported yet; only multi_turn.enable=False is valid"
 _LORA = "LoRA is not supported yet (full fine-tuning only); only lora_rank=0 is valid"
 _DEPRECATED_MBS = "verl's deprecated global micro-batch size; use the *_per_gpu key instead"
 
 NOTES: dict[str, str] = {
     # ---- schema fields kept for verl parity, meaningful only to some backends
-    "actor_rollout_ref.model.use_remove_padding": "jaxrl packs nothing; padding is masked and shapes bucketed",
     "actor_rollout_ref.rollout.gpu_memory_utilization": (
         "used by vLLM (rollout.name=vllm) for its KV-cache share; the jax sampler sizes its cache from shapes"
     ),
@@ -67,13 +67,9 @@ NOTES: dict[str, str] = {
     "actor_rollout_ref.ref.strategy": _STRATEGY,
     "actor_rollout_ref.actor.use_torch_compile": _COMPILE,
     "actor_rollout_ref.ref.use_torch_compile": _COMPILE,
-    "actor_rollout_ref.actor.use_remove_padding": "jaxrl packs nothing; padding is masked and shapes bucketed",
-    "actor_rollout_ref.actor.use_dynamic_bsz": _DYN_BSZ,
-    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": _DYN_BSZ,
-    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": _DYN_BSZ,
-    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": _DYN_BSZ,
-    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": _DYN_BSZ,
-    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": _DYN_BSZ,
+    "actor_rollout_ref.actor.use_remove_padding": (
+        "verl derives it from actor_rollout_ref.model.use_remove_padding; jaxrl reads only that key (set it there)"
+    ),
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": _SP,
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": _SP,
     "actor_rollout_ref.actor.entropy_from_logits_with_chunking": _ENTROPY_MEM,
@@ -163,7 +159,6 @@ NOTES: dict[str, str] = {
     "critic.rollout_n": _CRITIC_ROLLOUT_N,
     "critic.strategy": _STRATEGY,
     "critic.model.fsdp_config.*": _FSDP,
-    "critic.model.use_remove_padding": "jaxrl packs nothing; padding is masked and shapes bucketed",
     "critic.model.tokenizer_path": _CRITIC_TOKENIZER,
     "critic.model.external_lib": "jaxrl runs its own Flax model code; no HF model classes are imported",
     "critic.model.trust_remote_code": "jaxrl runs its own Flax model code; no remote code is executed",
@@ -177,9 +172,6 @@ NOTES: dict[str, str] = {
     "critic.model.target_modules": "used only with lora_rank > 0 (LoRA not supported yet)",
     "critic.ppo_micro_batch_size": _DEPRECATED_MBS,
     "critic.forward_micro_batch_size": _DEPRECATED_MBS,
-    "critic.use_dynamic_bsz": _DYN_BSZ,
-    "critic.ppo_max_token_len_per_gpu": _DYN_BSZ,
-    "critic.forward_max_token_len_per_gpu": _DYN_BSZ,
     "critic.ulysses_sequence_parallel_size": _SP,
     "critic.checkpoint.*": "checkpoint contents are not configurable in jaxrl; ignored",
     "critic.optim.total_training_steps": "set at run time from trainer.total_training_steps",
@@ -194,7 +186,10 @@ NOTES: dict[str, str] = {
     "reward_model.model.external_lib": "jaxrl runs its own Flax model code; no HF model classes are imported",
     "reward_model.model.override_config": "jaxrl builds the reward model from its checkpoint's config; only {} is valid",
     "reward_model.model.use_shm": "models load from local files; no shared-memory copy",
-    "reward_model.model.use_remove_padding": "jaxrl packs nothing; padding is masked and shapes bucketed",
+    "reward_model.model.use_remove_padding": (
+        "the reward model scores padded rows; packing (actor_rollout_ref.model.use_remove_padding) covers the actor, "
+        "reference and critic"
+    ),
     "reward_model.model.use_fused_kernels": _KERNELS,
     "reward_model.model.fsdp_config.*": _FSDP,
     "reward_model.micro_batch_size": _DEPRECATED_MBS,
@@ -213,13 +208,9 @@ NOTES: dict[str, str] = {
     "reward_model.reward_loop_module_path": _REWARD_LOOP,
     "reward_model.reward_loop_class_name": _REWARD_LOOP,
     "data.reward_fn_key": "the data source is read from each row's data_source field (verl's default)",
-    "reward_model.sandbox_fusion.*": "sandbox code execution rewards are not supported yet",
 }
 
 REQUIRED_VALUES: dict[str, tuple[Any, ...]] = {
-    "actor_rollout_ref.actor.use_dynamic_bsz": (False,),
-    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": (False,),
-    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": (False,),
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": (1,),
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": (1,),
     "actor_rollout_ref.actor.ppo_micro_batch_size": (None,),
@@ -241,7 +232,6 @@ REQUIRED_VALUES: dict[str, tuple[Any, ...]] = {
     "critic.model.lora_rank": (0,),
     "critic.ppo_micro_batch_size": (None,),
     "critic.forward_micro_batch_size": (None,),
-    "critic.use_dynamic_bsz": (False,),
     "critic.ulysses_sequence_parallel_size": (1,),
     "critic.optim.optimizer": ("AdamW", "adamw"),
     "critic.optim.override_optimizer_config": (None,),

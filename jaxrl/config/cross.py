@@ -13,7 +13,7 @@ from typing import Any, Iterable, Optional
 
 from jaxrl.algorithms import registry
 from jaxrl.config import compat, schema
-from jaxrl.config.batch_plan import BatchPlan, RolePlan
+from jaxrl.config.batch_plan import BatchPlan, RolePlan, token_budgets
 from jaxrl.config.checks import Checks, get, is_int
 from jaxrl.config.errors import ConfigError
 from jaxrl.config.schema import JaxRLConfig
@@ -70,6 +70,15 @@ def validate_cross(cfg: JaxRLConfig) -> None:
             f"actor_rollout_ref.rollout.max_new_tokens={rollout.max_new_tokens} is invalid; expected "
             f"<= data.max_response_length={d.max_response_length} (the response buffer)"
         )
+    longest = d.max_prompt_length + rollout.max_new_tokens
+    critic_on = registry.needs_critic(cfg.algorithm.adv_estimator)
+    for key, budget in token_budgets(cfg).items():
+        if budget is not None and budget < longest and (critic_on or not key.startswith("critic.")):
+            raise ConfigError(
+                f"{key}={budget} is below the longest sequence, data.max_prompt_length={d.max_prompt_length} + "
+                f"actor_rollout_ref.rollout.max_new_tokens={rollout.max_new_tokens} = {longest} tokens; valid: >= "
+                f"{longest} (a token-budget micro-batch holds at least one whole sequence per device)"
+            )
     if rollout.name == "vllm" and world % rollout.tensor_model_parallel_size:
         raise ConfigError(
             f"actor_rollout_ref.rollout.tensor_model_parallel_size={rollout.tensor_model_parallel_size} must "
@@ -159,7 +168,7 @@ def check_mesh_batch_sizes(cfg: JaxRLConfig, sizes: dict[str, int]) -> None:
                 f"of {shards}"
             )
         per_gpu, per_device = role.micro_batch_size_per_gpu, role.per_device_mini_batch_rows
-        if per_gpu is not None and per_device % per_gpu:
+        if per_gpu is not None and role.max_token_len is None and per_device % per_gpu:
             raise ConfigError(
                 f"{role.micro_key}={per_gpu} (rows per device, as in verl) must divide the per-device mini-batch: "
                 f"{mini_s} / {dp_s} = {per_device}; a micro-batch is {per_gpu} x {shards} = {per_gpu * shards} rows "
@@ -237,7 +246,7 @@ def _check_mini_batches(cfg: JaxRLConfig, role: RolePlan) -> None:
             f"actor_rollout_ref.rollout.n={n} = {role.mini_batch_rows} responses per mini-batch is fewer "
             f"than the {world} devices ({world_s}); expected at least one response per device"
         )
-    if micro is not None and per_device % micro:
+    if micro is not None and role.max_token_len is None and per_device % micro:  # unused under a token budget
         raise ConfigError(
             f"{section}.ppo_micro_batch_size_per_gpu={micro} must divide the per-device mini-batch "
             f"{section}.ppo_mini_batch_size={mini} x "

@@ -78,9 +78,12 @@ def load_config_with_notes(config_path: str | Path | None, overrides: Sequence[s
       ConfigError: missing/invalid YAML file, malformed override, unknown key (with a "did you
         mean" suggestion), wrong type, unresolvable interpolation, value out of range or not one of
         the choices, verl batch arithmetic violated, an unsupported feature requested, or a ``trainer.distributed``
-        / ``JAXRL_*`` world the config cannot run (:func:`jaxrl.distributed.check_world`).
+        / ``JAXRL_*`` world the config cannot run (:func:`jaxrl.distributed.check_world`), or launcher settings that
+        do not fit (:func:`jaxrl.ray_backend.check_ray_launch`). ``trainer.launcher`` comes back resolved
+        (``local`` or ``ray``).
     """
-    from jaxrl.distributed import check_world, resolve_world  # (it imports this package's ConfigError)
+    from jaxrl.distributed import resolve_world  # (it imports this package's ConfigError)
+    from jaxrl.ray_backend import check_ray_launch, resolve_launcher  # (no Ray import)
 
     kept, notes = classify(raw_pairs(config_path, list(overrides)))
     cfg = OmegaConf.structured(JaxRLConfig)
@@ -93,7 +96,10 @@ def load_config_with_notes(config_path: str | Path | None, overrides: Sequence[s
     validate_mesh(obj, c)
     validate_rewards(obj, c)
     validate_cross(obj)
-    check_world(obj, resolve_world(obj.trainer.distributed))  # the processes' world (JAXRL_* env / keys), no jax
+    spec = resolve_world(obj.trainer.distributed)  # the processes' world (JAXRL_* env / keys), no jax
+    # null -> ray when RAY_ADDRESS is set (and this process was given no world to join), else local
+    obj.trainer.launcher = resolve_launcher(obj.trainer.launcher, member=spec.mode != "local")
+    check_ray_launch(obj, spec)  # with trainer.launcher=ray: the world its driver will form
     check_declared_options(obj, given={key for key, _, _ in kept})
     notes.extend(uneven_mini_batch_notes(obj))
     return LoadedConfig(config=obj, notes=tuple(notes))
@@ -110,7 +116,9 @@ def load_config(config_path: str | Path | None, overrides: Sequence[str] = ()) -
     ``rollout.max_new_tokens`` null -> ``data.max_response_length``; ``data.gen_batch_size`` null ->
     ``data.train_batch_size``; ``critic.model.{enable_gradient_checkpointing,dtype,param_dtype}`` null ->
     ``actor_rollout_ref.model``'s; ``critic.ppo_mini_batch_size``/``ppo_epochs`` null -> the actor's;
-    ``critic.forward_micro_batch_size_per_gpu`` null -> ``critic.ppo_micro_batch_size_per_gpu``.
+    ``critic.forward_micro_batch_size_per_gpu`` null -> ``critic.ppo_micro_batch_size_per_gpu``;
+    ``trainer.launcher`` null -> ``ray`` when ``RAY_ADDRESS`` is set and no world is given to join (``JAXRL_*`` /
+    ``trainer.distributed``), else ``local``.
 
     Raises:
       ConfigError: see :func:`load_config_with_notes`.

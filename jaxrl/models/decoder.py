@@ -331,6 +331,7 @@ class Decoder(nnx.Module):
         cache_index: jax.Array | int | None = None,
         return_hidden: bool = False,
         activation_sharding=None,
+        segment_ids: jax.Array | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         """Run the model on a chunk of ``T`` tokens.
 
@@ -349,6 +350,11 @@ class Decoder(nnx.Module):
                 ``cache_index[b]`` (rows decoding at different positions, e.g. continuous batching); callers must
                 keep ``cache_index[b] + T <= S`` (out-of-range slots are undefined behaviour, not clamped).
             return_hidden: return the final-normed hidden states instead of logits.
+            segment_ids: optional ``[B, T]`` int, no cache only: packed rows (several sequences per row,
+                :mod:`jaxrl.workers.packing`). Query ``t`` then also needs ``segment_ids[b, s] ==
+                segment_ids[b, t]``, so attention never crosses a sequence boundary; the caller restarts
+                ``positions`` at 0 for each segment and marks padding with ``attention_mask`` 0 (segment 0).
+                None (the default) leaves the program exactly as without the argument.
 
         Semantics: without a cache, query ``t`` attends to keys ``s <= t`` with ``attention_mask[b, s]``. With a
         cache, the new keys/values are written to slots ``[cache_index, cache_index + T)`` and query ``t`` (at
@@ -375,9 +381,13 @@ class Decoder(nnx.Module):
                 raise ValueError(
                     f"without a cache attention_mask must have shape {(b, t)}; got {attention_mask.shape}"
                 )
+            if segment_ids is not None and segment_ids.shape != (b, t):
+                raise ValueError(f"segment_ids must have shape {(b, t)} like input_ids; got {segment_ids.shape}")
             s = t
             q_slots = jnp.arange(t, dtype=jnp.int32)
         else:
+            if segment_ids is not None:
+                raise ValueError("segment_ids (packed rows) are not supported with a KV cache")
             if cache_index is None:
                 raise ValueError("cache_index is required when a cache is passed")
             expected = (cfg.num_hidden_layers, b, cache.k.shape[2], cfg.num_key_value_heads, cfg.head_dim)
@@ -401,6 +411,8 @@ class Decoder(nnx.Module):
         k_slots = jnp.arange(s, dtype=jnp.int32)
         causal = k_slots <= q_slots[..., None]  # [T, S] or [B, T, S]
         mask = (causal if causal.ndim == 3 else causal[None]) & (attention_mask != 0)[:, None, :]
+        if segment_ids is not None:  # packed rows: attention stays inside each sequence
+            mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
 
         cos, sin = rope_cos_sin(positions, np.asarray(self.inv_freq, np.float32))
         x = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(self.dtype)

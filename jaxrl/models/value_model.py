@@ -76,7 +76,8 @@ class ValueModel(nnx.Module):
         self.value_bias = nnx.Param(jnp.zeros((1,), pdt), out_sharding=(None,), eager_sharding=False)
 
     def __call__(
-        self, input_ids: jax.Array, positions: jax.Array, attention_mask: jax.Array, activation_sharding=None
+        self, input_ids: jax.Array, positions: jax.Array, attention_mask: jax.Array, activation_sharding=None,
+        segment_ids: jax.Array | None = None,
     ) -> jax.Array:
         """Values at every position.
 
@@ -85,13 +86,15 @@ class ValueModel(nnx.Module):
           positions: ``[B, T]`` int RoPE positions.
           attention_mask: ``[B, T]`` key mask (nonzero = real token); causal masking is added inside.
           activation_sharding: optional sharding of the backbone's residual stream (see ``Decoder``).
+          segment_ids: optional ``[B, T]`` int: packed rows, attention kept inside each segment (see ``Decoder``).
 
         Returns:
           ``[B, T]`` float32: ``V`` at position ``t`` is the value of the state after reading tokens
           ``0..t`` (i.e. before emitting token ``t + 1``).
         """
         hidden, _ = self.backbone(
-            input_ids, positions, attention_mask, return_hidden=True, activation_sharding=activation_sharding
+            input_ids, positions, attention_mask, return_hidden=True, activation_sharding=activation_sharding,
+            segment_ids=segment_ids,
         )
         head = self.value_head[...].astype(jnp.float32)
         values = jnp.einsum("bth,ho->bto", hidden.astype(jnp.float32), head)[..., 0]

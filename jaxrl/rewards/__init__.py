@@ -11,6 +11,9 @@ data source                                                       scorer
 ``HuggingFaceH4/MATH-500``                                        :mod:`jaxrl.rewards.math_verify`
 ``math_dapo``, ``math``, ``math_dapo_reasoning``, ``aime*``       :mod:`jaxrl.rewards.math_dapo`
 ``tinystories/sentiment``                                         :mod:`jaxrl.rewards.sentiment`
+``codecontests``, ``apps``, ``codeforces``, ``taco``, ``mbpp``,     :mod:`jaxrl.rewards.code` (test cases run
+``google-research-datasets/mbpp``                                 in the sandbox, :mod:`jaxrl.sandbox`)
+``openai/openai_humaneval``                                       :mod:`jaxrl.rewards.code` (HumanEval)
 ================================================================  ==================================
 """
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from jaxrl.rewards import code as code_reward
 from jaxrl.rewards import gsm8k, math_dapo, sentiment
 from jaxrl.rewards import math as math_reward
 from jaxrl.rewards import math_verify as math_verify_reward
@@ -29,7 +33,12 @@ MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "Hugging
 MATH_DAPO_SOURCES = ("math_dapo", "math", "math_dapo_reasoning")
 MATH_DAPO_PREFIXES = ("aime",)  # verl: any data source starting with "aime" (aime2024, aime25, ...)
 SENTIMENT_SOURCES = ("tinystories/sentiment",)
-KNOWN_DATA_SOURCES = GSM8K_SOURCES + MATH_SOURCES + MATH_DAPO_SOURCES + SENTIMENT_SOURCES
+# verl's code data sources (scored with test cases in a sandbox) and MBPP-style rows (assert cases)
+CODE_SOURCES = ("codecontests", "apps", "codeforces", "taco", "mbpp", "google-research-datasets/mbpp")
+HUMANEVAL_SOURCES = ("openai/openai_humaneval",)
+KNOWN_DATA_SOURCES = (GSM8K_SOURCES + MATH_SOURCES + MATH_DAPO_SOURCES + SENTIMENT_SOURCES + CODE_SOURCES
+                      + HUMANEVAL_SOURCES)
+SANDBOX_SCORERS = ("code", "humaneval")  # the scorers that run model-written code
 MATH_VERIFIERS = ("rule", "math_verify")  # reward_model.math_verifier: how MATH_SOURCES are compared
 CHECKED_ROWS = 1000  # check_data_sources reads this many rows of each file set (the trainer's choice)
 
@@ -39,7 +48,8 @@ class UnknownDataSourceError(ValueError):
 
 
 def scorer_name(data_source: str) -> str | None:
-    """The built-in scorer for ``data_source``: ``"gsm8k"``, ``"math"``, ``"math_dapo"``, ``"sentiment"`` or None."""
+    """The built-in scorer for ``data_source``: ``"gsm8k"``, ``"math"``, ``"math_dapo"``, ``"sentiment"``,
+    ``"code"``, ``"humaneval"`` or None."""
     if not isinstance(data_source, str):
         return None
     if data_source in GSM8K_SOURCES:
@@ -50,7 +60,16 @@ def scorer_name(data_source: str) -> str | None:
         return "math_dapo"
     if data_source in SENTIMENT_SOURCES:
         return "sentiment"
+    if data_source in CODE_SOURCES:
+        return "code"
+    if data_source in HUMANEVAL_SOURCES:
+        return "humaneval"
     return None
+
+
+def needs_sandbox(data_sources: Iterable) -> bool:
+    """Whether any of ``data_sources`` is scored by running model-written code (the sandbox must work)."""
+    return any(scorer_name(ds) in SANDBOX_SCORERS for ds in data_sources)
 
 
 def _known_list() -> str:
@@ -58,7 +77,9 @@ def _known_list() -> str:
 
 
 def default_compute_score(
-    data_source: str, solution_str: str, ground_truth, extra_info=None, *, math_verifier: str = "rule", **kwargs
+    data_source: str, solution_str: str, ground_truth, extra_info=None, sandbox_fusion_url: str | None = None,
+    concurrent_semaphore=None, memory_limit_mb: int | None = None, *, math_verifier: str = "rule",
+    code: code_reward.CodeRewardSettings | None = None, **kwargs,
 ) -> dict:
     """Score one response by its data source, like verl's ``default_compute_score``.
 
@@ -70,7 +91,10 @@ def default_compute_score(
       * ``math_dapo`` / ``math`` / ``math_dapo_reasoning`` / ``aime*`` -> :func:`jaxrl.rewards.math_dapo.compute_score`
         (``Answer: ...``; 1.0 / -1.0);
       * ``tinystories/sentiment`` -> :func:`jaxrl.rewards.sentiment.compute_score` (in ``[-1, 1]``;
-        ``ground_truth`` is ignored).
+        ``ground_truth`` is ignored);
+      * ``codecontests`` / ``apps`` / ``codeforces`` / ``taco`` / MBPP -> :func:`jaxrl.rewards.code.compute_score`
+        (the ground truth's test cases run in the sandbox; the fraction passed or all-pass, in ``[0, 1]``);
+      * ``openai/openai_humaneval`` -> :func:`jaxrl.rewards.code.compute_humaneval_score` (1.0 / 0.0).
 
     ``functools.partial(default_compute_score, math_verifier="math_verify")`` pickles (module-level function),
     so it can be sent to reward worker processes.
@@ -80,9 +104,15 @@ def default_compute_score(
         solution_str: the decoded response.
         ground_truth: the row's ``reward_model.ground_truth``.
         extra_info: the row's ``extra_info`` (unused by these scorers; part of verl's signature).
+        sandbox_fusion_url: verl's keyword: code rows run on this Sandbox Fusion server (when ``code`` is None).
+        concurrent_semaphore: verl's keyword, accepted and unused (requests in flight are at most the reward
+            manager's scoring processes).
+        memory_limit_mb: verl's keyword: each code run's memory (when ``code`` is None).
         math_verifier: ``"rule"`` or ``"math_verify"`` (``reward_model.math_verifier``), for the MATH family.
-        **kwargs: verl's other keywords (``sandbox_fusion_url``, ``concurrent_semaphore``, ...), accepted and
-            unused by these scorers.
+        code: how code rows run (sandbox, limits, score mode, time budget; built from ``reward_model.sandbox``
+            and ``reward_model.sandbox_fusion`` by :func:`jaxrl.rewards.factory.build_reward_manager`); None =
+            :func:`jaxrl.rewards.code.settings_for` the two verl keywords above.
+        **kwargs: verl's other keywords, accepted and unused by these scorers.
 
     Returns:
         ``{"score": float, "acc": float}`` plus ``"pred"`` (the extracted answer; validation's maj@n votes on it)
@@ -93,7 +123,9 @@ def default_compute_score(
         NotImplementedError: unknown ``data_source`` (verl's error type; the message lists the known ones and
             points to ``custom_reward_function.path``).
         ValueError: ``math_verifier`` is not one of :data:`MATH_VERIFIERS`; a scorer's own errors (e.g. a None
-            ground truth).
+            ground truth, a code row without test cases).
+        jaxrl.rewards.code.CodeSandboxError / jaxrl.sandbox.SandboxUnavailableError: a code row could not be run
+            (counted by the reward manager as an error, never a zero).
     """
     if math_verifier not in MATH_VERIFIERS:
         raise ValueError(f"math_verifier={math_verifier!r} is not valid; use one of {MATH_VERIFIERS}")
@@ -110,6 +142,11 @@ def default_compute_score(
     if kind == "sentiment":
         score = float(sentiment.compute_score(solution_str))
         return {"score": score, "acc": float(score >= sentiment.HAPPY_THRESHOLD)}
+    if kind in SANDBOX_SCORERS:
+        settings = code or code_reward.settings_for(sandbox_fusion_url, memory_limit_mb)
+        if kind == "code":
+            return code_reward.compute_score(solution_str, ground_truth, settings)
+        return code_reward.compute_humaneval_score(solution_str, ground_truth, settings)
     raise NotImplementedError(
         f"no built-in reward for data_source={data_source!r}; known data sources: {_known_list()} "
         "(for others, set custom_reward_function.path/name)"
@@ -143,18 +180,22 @@ def check_data_sources(data_sources: Iterable, *, custom_reward: bool, origin: s
 
 __all__ = [
     "CHECKED_ROWS",
+    "CODE_SOURCES",
+    "HUMANEVAL_SOURCES",
     "KNOWN_DATA_SOURCES",
     "MATH_VERIFIERS",
     "RewardManager",
     "RewardOutput",
     "UnknownDataSourceError",
     "check_data_sources",
+    "code_reward",
     "default_compute_score",
     "gsm8k",
     "load_custom_reward_fn",
     "math_dapo",
     "math_reward",
     "math_verify_reward",
+    "needs_sandbox",
     "scorer_name",
     "sentiment",
 ]

@@ -6,8 +6,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+from jaxrl.rewards.code import CodeRewardSettings
 from jaxrl.rewards.custom import load_custom_reward_fn
-from jaxrl.rewards.manager import OverlongBuffer, RewardManager
+from jaxrl.rewards.manager import OverlongBuffer, RewardManager, default_num_workers
+
+CODE_BUDGET_FRACTION = 0.8  # a response's test cases share this fraction of reward_model.timeout_s
 
 OVERLONG_KEYS = ("enable", "len", "penalty_factor", "log")
 
@@ -33,6 +36,53 @@ def overlong_settings(cfg) -> OverlongBuffer | None:
         len=int(merged["len"]), penalty_factor=float(merged["penalty_factor"]), log=bool(merged["log"]),
         max_resp_len=None if max_resp_len is None else int(max_resp_len),
     )
+
+
+def code_settings(cfg) -> CodeRewardSettings:
+    """How the built-in code scorers run programs: a Sandbox Fusion server when ``reward_model.sandbox_fusion.url``
+    is set, else this machine's sandbox (``reward_model.sandbox.isolation``); each test case limited by
+    ``reward_model.sandbox.*`` and ``sandbox_fusion.memory_limit_mb``; a response's cases share
+    :data:`CODE_BUDGET_FRACTION` of ``reward_model.timeout_s``.
+
+    Raises:
+        ValueError: a limit out of range (the config loader refuses it first).
+    """
+    from jaxrl.sandbox import Limits, make_sandbox
+
+    rm = cfg.reward_model
+    sb = rm.sandbox
+    limits = Limits(wall_s=float(sb.wall_s), cpu_s=float(sb.cpu_s), memory_mb=int(rm.sandbox_fusion.memory_limit_mb),
+                    max_processes=int(sb.max_processes), max_output_bytes=int(sb.max_output_bytes),
+                    tmp_mb=int(sb.tmp_mb))
+    return CodeRewardSettings(
+        sandbox=make_sandbox(isolation=sb.isolation, fusion_url=rm.sandbox_fusion.url), limits=limits,
+        score=sb.score, budget_s=CODE_BUDGET_FRACTION * float(rm.timeout_s),
+    )
+
+
+def scoring_workers(cfg) -> int | None:
+    """``reward_model.num_workers``, capped by ``reward_model.sandbox_fusion.max_concurrent`` while a Sandbox Fusion
+    server is set (each scoring process has at most one request in flight)."""
+    rm = cfg.reward_model
+    n = rm.num_workers
+    if rm.sandbox_fusion.url and n != 0:
+        n = min(default_num_workers() if n is None else n, int(rm.sandbox_fusion.max_concurrent))
+    return n
+
+
+def check_sandbox(cfg, data_sources) -> None:
+    """Fail at start when rows scored by running code (:func:`jaxrl.rewards.needs_sandbox`) cannot run here: the
+    local sandbox is probed (bubblewrap creates a sandbox and runs a program); ``isolation=none`` logs its loud
+    warning; a Sandbox Fusion server is not contacted. Nothing is checked with a custom reward function.
+
+    Raises:
+        jaxrl.sandbox.SandboxUnavailableError: bubblewrap is missing or cannot create the sandbox here.
+    """
+    from jaxrl.rewards import needs_sandbox
+
+    if cfg.custom_reward_function.path or not needs_sandbox(data_sources):
+        return
+    code_settings(cfg).sandbox.check()
 
 
 def check_custom_reward(cfg) -> None:
@@ -77,9 +127,10 @@ def build_reward_manager(cfg, default_compute_score: Callable | None = None) -> 
     else:
         if default_compute_score is None:
             from jaxrl.rewards import default_compute_score
-        # the built-ins by data source; the MATH family compared by reward_model.math_verifier (picklable partial)
-        fn = functools.partial(default_compute_score, math_verifier=rm.math_verifier)
+        # the built-ins by data source; the MATH family compared by reward_model.math_verifier, code rows run as
+        # reward_model.sandbox / sandbox_fusion say (a picklable partial)
+        fn = functools.partial(default_compute_score, math_verifier=rm.math_verifier, code=code_settings(cfg))
     return RewardManager(
-        fn, reward_manager=rm.reward_manager, timeout_s=rm.timeout_s, num_workers=rm.num_workers,
+        fn, reward_manager=rm.reward_manager, timeout_s=rm.timeout_s, num_workers=scoring_workers(cfg),
         max_error_fraction=rm.max_error_fraction, overlong=overlong_settings(cfg),
     )

@@ -2,7 +2,9 @@
 
 Both roles hold the decoder functionally (``graphdef`` + ``params`` from ``nnx.split``) so every phase is a
 pure jitted function of arrays. Rows are processed in fixed-size micro-batches (the last one padded with
-fully masked rows), so XLA compiles one program per phase regardless of the batch size.
+fully masked rows), so XLA compiles one program per phase regardless of the batch size; with
+``model.use_remove_padding`` on packed rows and with ``*_use_dynamic_bsz`` in token-budget micro-batches
+(:mod:`jaxrl.workers.seqlen`, :mod:`jaxrl.workers.packing`), one program per bucketed shape.
 
 The update is verl's ``DataParallelPPOActor.update_policy`` re-expressed in JAX; the epochs x shuffled
 mini-batches loop, the optimizer, the mesh placement and the metric averaging are the trained-role base's
@@ -31,6 +33,8 @@ from jaxrl.batch import RLBatch
 from jaxrl.config.batch_plan import RolePlan
 from jaxrl.distributed import to_host
 from jaxrl.workers.microbatch import check_row_shards, pad_rows, row_chunks
+from jaxrl.workers.packing import PACKED_KEYS, at_scores, micro_layout, real_lengths, scatter_rows, to_slots
+from jaxrl.workers.seqlen import plan_slots
 from jaxrl.workers.placement import activation_sharding, batch_shards, jit_sharded, rows_sharding
 from jaxrl.workers.trained_role import TrainedRole
 from sharding import DEFAULT_RULES, param_shardings, shard_state
@@ -61,6 +65,24 @@ def _forward_response(
     return model.logits(hidden) / temperature
 
 
+def _forward_packed(graphdef, params, micro, temperature, activation_sharding=None):
+    """Logits at the scoring columns of packed rows (:func:`jaxrl.workers.packing.packed_micro`).
+
+    Args:
+      micro: ``input_ids`` / ``positions`` / ``segment_ids`` ``[G, T]`` and ``score_cols`` ``[G, K]`` int32.
+      temperature: logits are divided by it.
+
+    Returns:
+      float32 logits ``[G, K, V]``: row ``g``'s ``k``-th entry predicts the response token at ``score_cols + 1``.
+    """
+    model = nnx.merge(graphdef, params)
+    seg = micro["segment_ids"]
+    hidden, _ = model(micro["input_ids"], micro["positions"], seg != 0, return_hidden=True,
+                      activation_sharding=activation_sharding, segment_ids=seg)
+    # the LM head only on the K scoring columns (real response tokens), as the padded path takes only R columns
+    return model.logits(at_scores(hidden, micro["score_cols"])) / temperature
+
+
 class LogProbComputer:
     """Per-token log-probs (and entropies) of responses under a fixed set of params.
 
@@ -72,12 +94,17 @@ class LogProbComputer:
       temperature: rollout temperature (logits are divided by it).
       mesh: the train mesh, or None (single device: the params' own placement decides).
       rules: logical-axis rules on ``mesh`` (default :data:`sharding.rules.DEFAULT_RULES`).
+      remove_padding: run on packed rows (``model.use_remove_padding``; :mod:`jaxrl.workers.packing`).
+      max_token_len: a token budget, real tokens per data-parallel device per call (``log_prob_use_dynamic_bsz``:
+        ``log_prob_max_token_len_per_gpu``), replacing ``micro_batch_size``; None = fixed row counts.
+      max_token_key: the budget's config key (messages).
 
     Raises:
       ValueError: ``micro_batch_size <= 0``, or on a mesh not a multiple of its batch shards.
     """
 
-    def __init__(self, graphdef, *, micro_batch_size: int, temperature: float, mesh=None, rules=None):
+    def __init__(self, graphdef, *, micro_batch_size: int, temperature: float, mesh=None, rules=None,
+                 remove_padding: bool = False, max_token_len: int | None = None, max_token_key: str = ""):
         if micro_batch_size <= 0:
             raise ValueError(f"log-prob micro batch size must be > 0, got {micro_batch_size}")
         self.graphdef = graphdef
@@ -86,12 +113,23 @@ class LogProbComputer:
         self.mesh = mesh
         self.rules = DEFAULT_RULES if rules is None else rules
         self.activation_sharding = activation_sharding(mesh, self.rules)
+        self.remove_padding = bool(remove_padding)
+        self.max_token_len = max_token_len
+        self.max_token_key = max_token_key or "log_prob_max_token_len_per_gpu"
+        self.shards = 1 if mesh is None else batch_shards(mesh, self.rules)
         if mesh is None:
-            self._fn = jax.jit(self._log_probs, static_argnames=("prompt_width",))
+            fn = self._log_probs_packed if self.remove_padding else self._log_probs
+            self._fn = jax.jit(fn, static_argnames=("prompt_width",))
         else:
-            check_row_shards(micro_batch_size, batch_shards(mesh, self.rules), "the log-prob micro-batch")
+            if max_token_len is None and not self.remove_padding:
+                check_row_shards(micro_batch_size, self.shards, "the log-prob micro-batch")
             self._fn = None  # built for the params' tree on the first call (explicit shardings need it)
             self._fn_tree = None
+
+    @property
+    def slotted(self) -> bool:
+        """Calls are planned as slots (packed rows or a token budget) rather than fixed row chunks."""
+        return self.remove_padding or self.max_token_len is not None
 
     def _jitted(self, params):
         """The jitted log-prob program; on a mesh with explicit shardings for ``params``' tree."""
@@ -101,11 +139,18 @@ class LogProbComputer:
         if self._fn is None or tree != self._fn_tree:
             rows = rows_sharding(self.mesh, self.rules)
             replicated = NamedSharding(self.mesh, PartitionSpec())
-            self._fn = jit_sharded(
-                self._log_probs, static_kwarg="prompt_width",
-                in_shardings=(param_shardings(params, self.mesh, self.rules), rows, rows, rows, rows),
-                out_shardings=(replicated, replicated),
-            )
+            shardings = param_shardings(params, self.mesh, self.rules)
+            if self.remove_padding:
+                self._fn = jit_sharded(
+                    self._log_probs_packed, static_kwarg="prompt_width", in_shardings=(shardings, rows),
+                    out_shardings=(replicated, replicated),
+                )
+            else:
+                self._fn = jit_sharded(
+                    self._log_probs, static_kwarg="prompt_width",
+                    in_shardings=(shardings, rows, rows, rows, rows),
+                    out_shardings=(replicated, replicated),
+                )
             self._fn_tree = tree
         return self._fn
 
@@ -116,8 +161,16 @@ class LogProbComputer:
         )
         return log_probs_from_logits(logits, response_ids), entropy_from_logits(logits)
 
+    def _log_probs_packed(self, params, micro, *, prompt_width=0):
+        logits = _forward_packed(self.graphdef, params, micro, self.temperature, self.activation_sharding)
+        mask = micro["response_mask"]
+        lp = to_slots(log_probs_from_logits(logits, micro["score_ids"]), micro["slot_index"], mask)
+        return lp, to_slots(entropy_from_logits(logits), micro["slot_index"], mask)
+
     def __call__(self, params, batch: RLBatch) -> tuple[np.ndarray, np.ndarray]:
         """Returns ``(log_probs, entropy)``, float32 ``[N, R]`` each, zeroed where ``response_mask`` is 0."""
+        if self.slotted:
+            return self._call_slotted(params, batch)
         ids, pos, mask = batch.input_ids(), batch.positions(), batch.attention_mask()
         mb = self.micro_batch_size
         fn = self._jitted(params)
@@ -136,6 +189,34 @@ class LogProbComputer:
             outs_ent.append(ent[:n])
         rmask = batch.response_mask.astype(np.float32)
         return np.concatenate(outs_lp) * rmask, np.concatenate(outs_ent) * rmask
+
+    def _call_slotted(self, params, batch: RLBatch) -> tuple[np.ndarray, np.ndarray]:
+        """Packed rows and / or token-budget calls: slots planned over the whole batch, results put back in order."""
+        arrays = {"input_ids": batch.input_ids(), "positions": batch.positions(),
+                  "attention_mask": batch.attention_mask(), "response_ids": batch.response_ids,
+                  "response_mask": batch.response_mask.astype(np.float32)}
+        rows = np.arange(batch.size)
+        slot_list = plan_slots(rows, real_lengths(arrays["attention_mask"]), shards=self.shards,
+                               micro_rows=self.micro_batch_size, budget=self.max_token_len,
+                               packed=self.remove_padding, key=self.max_token_key)
+        fn = self._jitted(params)
+        outs_lp, outs_ent = [], []
+        for slots in slot_list:
+            micro = micro_layout(arrays, slots, batch.prompt_width, packed=self.remove_padding,
+                                 max_row_tokens=self.max_token_len)
+            if self.remove_padding:
+                packed = {k: micro[k] for k in PACKED_KEYS + ("response_mask",)}
+                lp, ent = fn(params, packed, prompt_width=0)
+            else:
+                lp, ent = fn(params, micro["input_ids"], micro["positions"], micro["attention_mask"],
+                             micro["response_ids"], prompt_width=batch.prompt_width)
+            lp, ent = to_host((lp, ent))
+            outs_lp.append(np.asarray(lp))
+            outs_ent.append(np.asarray(ent))
+        rmask = batch.response_mask.astype(np.float32)
+        lp = scatter_rows(outs_lp, slot_list, batch.size)
+        ent = scatter_rows(outs_ent, slot_list, batch.size)
+        return lp * rmask, ent * rmask
 
 
 class ActorWorker(TrainedRole):
@@ -198,7 +279,9 @@ class ActorWorker(TrainedRole):
         # recompute_old_log_prob=False: pi_old = stop_gradient(current log-probs) in the loss (see the schema)
         self.on_policy_ratio = not actor_cfg.recompute_old_log_prob
         self.log_prob = LogProbComputer(graphdef, micro_batch_size=plan.forward_rows, temperature=temperature,
-                                        mesh=mesh, rules=rules)
+                                        mesh=mesh, rules=rules, remove_padding=plan.remove_padding,
+                                        max_token_len=plan.forward_max_token_len,
+                                        max_token_key=plan.forward_max_token_key)
 
     def _update_extra(self):
         return self.ref_params
@@ -214,12 +297,18 @@ class ActorWorker(TrainedRole):
 
     def _micro_loss(self, params, micro, num_tokens, num_seqs, prompt_width, ref_params=None):
         c = self.cfg
-        logits = _forward_response(
-            self.graphdef, params, micro["input_ids"], micro["positions"], micro["attention_mask"], prompt_width,
-            self.temperature, self.activation_sharding,
-        )
         mask = micro["response_mask"]
-        log_prob = log_probs_from_logits(logits, micro["response_ids"])
+        if "segment_ids" in micro:  # packed rows: per-token values at the scoring columns, then the padded layout
+            logits = _forward_packed(self.graphdef, params, micro, self.temperature, self.activation_sharding)
+            per_token = lambda x: to_slots(x, micro["slot_index"], mask)  # noqa: E731
+            log_prob = per_token(log_probs_from_logits(logits, micro["score_ids"]))
+        else:
+            logits = _forward_response(
+                self.graphdef, params, micro["input_ids"], micro["positions"], micro["attention_mask"],
+                prompt_width, self.temperature, self.activation_sharding,
+            )
+            per_token = lambda x: x  # noqa: E731
+            log_prob = log_probs_from_logits(logits, micro["response_ids"])
         # recompute_old_log_prob=False: on-policy, pi_old is the current policy (ratio 1, gradient of the
         # surrogate = advantage x grad log-prob); otherwise the old pass's log-probs.
         old_log_prob = jax.lax.stop_gradient(log_prob) if self.on_policy_ratio else micro["old_log_probs"]
@@ -237,16 +326,20 @@ class ActorWorker(TrainedRole):
         if c.entropy_coeff != 0:
             # Only when it is in the loss (verl's ``calculate_entropy = entropy_coeff != 0``): an exp and a sum over
             # [B, R, V] per micro-batch. Otherwise actor/entropy comes from the old-log-prob pass (the trainer).
-            entropy_loss = agg_loss(entropy_from_logits(logits), mask, c.loss_agg_mode, **norms)
+            entropy_loss = agg_loss(per_token(entropy_from_logits(logits)), mask, c.loss_agg_mode, **norms)
             loss = loss - c.entropy_coeff * entropy_loss
             metrics["actor/entropy"] = entropy_loss
         if c.use_kl_loss and c.kl_loss_type == "full":
             # Exact KL over the vocabulary: the reference's whole distribution, recomputed on this micro-batch.
-            ref_logits = jax.lax.stop_gradient(_forward_response(
-                self.graphdef, ref_params, micro["input_ids"], micro["positions"], micro["attention_mask"],
-                prompt_width, self.temperature, self.activation_sharding,
-            ))
-            kld = kl_penalty(jax.nn.log_softmax(logits, -1), jax.nn.log_softmax(ref_logits, -1), "full")
+            if "segment_ids" in micro:
+                ref_logits = jax.lax.stop_gradient(_forward_packed(
+                    self.graphdef, ref_params, micro, self.temperature, self.activation_sharding))
+            else:
+                ref_logits = jax.lax.stop_gradient(_forward_response(
+                    self.graphdef, ref_params, micro["input_ids"], micro["positions"], micro["attention_mask"],
+                    prompt_width, self.temperature, self.activation_sharding,
+                ))
+            kld = per_token(kl_penalty(jax.nn.log_softmax(logits, -1), jax.nn.log_softmax(ref_logits, -1), "full"))
             kl_loss = agg_loss(kld, mask, c.loss_agg_mode, **norms)
             loss = loss + c.kl_loss_coef * kl_loss
             metrics["actor/kl_loss"] = kl_loss

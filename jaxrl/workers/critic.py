@@ -24,7 +24,9 @@ from jaxrl.batch import RLBatch
 from jaxrl.config.batch_plan import RolePlan
 from jaxrl.distributed import to_host
 from jaxrl.workers.microbatch import pad_rows, row_chunks
+from jaxrl.workers.packing import PACKED_KEYS, at_scores, micro_layout, real_lengths, scatter_rows, to_slots
 from jaxrl.workers.placement import jit_sharded, rows_sharding
+from jaxrl.workers.seqlen import plan_slots
 from jaxrl.workers.trained_role import TrainedRole
 
 
@@ -47,6 +49,20 @@ def forward_response_values(
     values = model(input_ids, positions, attention_mask, activation_sharding=activation_sharding)
     r = input_ids.shape[1] - prompt_width
     return jax.lax.dynamic_slice_in_dim(values, prompt_width - 1, r, axis=1)
+
+
+def forward_packed_values(graphdef, params, micro, activation_sharding=None) -> jax.Array:
+    """Values of the response tokens from packed rows (:func:`jaxrl.workers.packing.packed_micro`).
+
+    Returns:
+      float32 ``[G x S, R]`` in the padded response layout, each read at the column before its token (as
+      :func:`forward_response_values`), 0 where ``micro["response_mask"]`` is 0.
+    """
+    model = nnx.merge(graphdef, params)
+    seg = micro["segment_ids"]
+    values = model(micro["input_ids"], micro["positions"], seg != 0, activation_sharding=activation_sharding,
+                   segment_ids=seg)
+    return to_slots(at_scores(values, micro["score_cols"]), micro["slot_index"], micro["response_mask"])
 
 
 class CriticWorker(TrainedRole):
@@ -84,12 +100,17 @@ class CriticWorker(TrainedRole):
         self.forward_batch_rows = plan.forward_rows
         if mesh is None:
             self._values_fn = jax.jit(self._values, static_argnames=("prompt_width",))
+            self._packed_values_fn = jax.jit(self._packed_values, static_argnames=("prompt_width",))
         else:
             rows = rows_sharding(mesh, self.rules)
+            replicated = NamedSharding(mesh, PartitionSpec())
             self._values_fn = jit_sharded(
                 self._values, static_kwarg="prompt_width",
-                in_shardings=(self.param_shardings, rows, rows, rows),
-                out_shardings=NamedSharding(mesh, PartitionSpec()),
+                in_shardings=(self.param_shardings, rows, rows, rows), out_shardings=replicated,
+            )
+            self._packed_values_fn = jit_sharded(
+                self._packed_values, static_kwarg="prompt_width", in_shardings=(self.param_shardings, rows),
+                out_shardings=replicated,
             )
 
     # -- values ----------------------------------------------------------------------------------------------
@@ -98,6 +119,9 @@ class CriticWorker(TrainedRole):
         return forward_response_values(
             self.graphdef, params, input_ids, positions, attention_mask, prompt_width, self.activation_sharding
         )
+
+    def _packed_values(self, params, micro, *, prompt_width=0):
+        return forward_packed_values(self.graphdef, params, micro, self.activation_sharding)
 
     def compute_values(self, batch: RLBatch) -> np.ndarray:
         """Values of the response tokens under the current params.
@@ -110,6 +134,8 @@ class CriticWorker(TrainedRole):
           position ``P + j - 1``), 0 where ``response_mask`` is 0.
         """
         ids, pos, mask = batch.input_ids(), batch.positions(), batch.attention_mask()
+        if self.plan.remove_padding or self.plan.forward_max_token_len is not None:
+            return self._values_slotted(batch, ids, pos, mask)
         mb = self.forward_batch_rows
         out = []
         for sl, n in row_chunks(batch.size, mb):
@@ -120,14 +146,37 @@ class CriticWorker(TrainedRole):
             out.append(to_host(v).astype(np.float32)[:n])
         return np.concatenate(out) * batch.response_mask.astype(np.float32)
 
+    def _values_slotted(self, batch: RLBatch, ids, pos, mask) -> np.ndarray:
+        """:meth:`compute_values` on packed rows and / or token-budget calls (``forward_max_token_len_per_gpu``)."""
+        arrays = {"input_ids": ids, "positions": pos, "attention_mask": mask,
+                  "response_mask": batch.response_mask.astype(np.float32)}
+        packed, budget = self.plan.remove_padding, self.plan.forward_max_token_len
+        slot_list = plan_slots(np.arange(batch.size), real_lengths(mask), shards=self.batch_shards,
+                               micro_rows=self.forward_batch_rows, budget=budget, packed=packed,
+                               key=self.plan.forward_max_token_key)
+        out = []
+        for slots in slot_list:
+            micro = micro_layout(arrays, slots, batch.prompt_width, packed=packed, max_row_tokens=budget)
+            if packed:
+                v = self._packed_values_fn(self.params, {k: micro[k] for k in PACKED_KEYS + ("response_mask",)},
+                                           prompt_width=0)
+            else:
+                v = self._values_fn(self.params, micro["input_ids"], micro["positions"], micro["attention_mask"],
+                                    prompt_width=batch.prompt_width)
+            out.append(np.asarray(to_host(v), np.float32))
+        return scatter_rows(out, slot_list, batch.size) * batch.response_mask.astype(np.float32)
+
     # -- update ----------------------------------------------------------------------------------------------
 
     def _micro_loss(self, params, micro, num_tokens, num_seqs, prompt_width, extra=None):
         mask = micro["response_mask"]
-        vpreds = forward_response_values(
-            self.graphdef, params, micro["input_ids"], micro["positions"], micro["attention_mask"], prompt_width,
-            self.activation_sharding,
-        )
+        if "segment_ids" in micro:
+            vpreds = forward_packed_values(self.graphdef, params, micro, self.activation_sharding)
+        else:
+            vpreds = forward_response_values(
+                self.graphdef, params, micro["input_ids"], micro["positions"], micro["attention_mask"], prompt_width,
+                self.activation_sharding,
+            )
         vf_loss, m = compute_value_loss(
             vpreds, micro["values"], micro["returns"], mask,
             cliprange_value=self.cliprange_value, loss_agg_mode=self.loss_agg_mode,

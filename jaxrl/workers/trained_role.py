@@ -6,7 +6,10 @@ PPO update scheme (``DataParallelPPOActor.update_policy`` / ``DataParallelPPOCri
 ``ppo_mini_batch_size x rollout.n`` rows; each mini-batch is one optimizer update, its gradient accumulated over
 micro-batches inside one ``jax.jit`` (``lax.scan``, :func:`~jaxrl.workers.microbatch.scan_accumulate`) with the
 loss normalised by the whole mini-batch's token / sequence counts, so accumulation gives exactly the full
-mini-batch gradient. The sizes come from the role's :class:`~jaxrl.config.batch_plan.RolePlan`.
+mini-batch gradient. The sizes come from the role's :class:`~jaxrl.config.batch_plan.RolePlan`. With packed rows
+(``remove_padding``) or a token budget (``max_token_len``, verl's ``use_dynamic_bsz``) the micro-batches differ in
+shape, so each is one jitted accumulation (:meth:`TrainedRole._accumulate`, the same mini-batch-global
+normalisers) and the update a separate jitted step (:meth:`TrainedRole._apply`).
 
 :class:`TrainedRole` holds that scaffolding; a subclass supplies only its loss (:meth:`TrainedRole._micro_loss`),
 the per-row arrays the loss reads (:meth:`TrainedRole.minibatch_arrays`) and its forward pass.
@@ -25,8 +28,10 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl.config.batch_plan import RolePlan
-from jaxrl.distributed import to_host
+from jaxrl.distributed import to_global, to_host
 from jaxrl.workers.microbatch import check_row_shards, guarded_update, scan_accumulate, stack_micro
+from jaxrl.workers.packing import micro_layout, real_lengths
+from jaxrl.workers.seqlen import plan_slots
 from jaxrl.workers.optim import make_optimizer
 from jaxrl.workers.placement import activation_sharding, batch_shards, jit_sharded, rows_sharding, shard_tree
 from sharding import DEFAULT_RULES
@@ -79,9 +84,12 @@ class TrainedRole:
                 f"the role runs on {shards} (its *_micro_batch_size_per_gpu values are per device); derive it with "
                 f"BatchPlan.from_config(cfg, batch_shards={shards})"
             )
+        self.batch_shards = shards
         if mesh is not None:
-            check_row_shards(plan.micro_batch_rows, shards, f"the micro-batch of {plan.micro_key}")
-            check_row_shards(plan.forward_rows, shards, f"the micro-batch of {plan.forward_key}")
+            if plan.max_token_len is None and not plan.remove_padding:
+                check_row_shards(plan.micro_batch_rows, shards, f"the micro-batch of {plan.micro_key}")
+            if plan.forward_max_token_len is None and not plan.remove_padding:
+                check_row_shards(plan.forward_rows, shards, f"the micro-batch of {plan.forward_key}")
             self.params, self.param_shardings = shard_tree(params, mesh, self.rules)
         self.rng = np.random.default_rng(seed)
         self._optim = optim
@@ -93,6 +101,8 @@ class TrainedRole:
         self.opt_state = None
         self.num_updates = 0
         self._update_fn = None  # init_optimizer builds it (on a mesh its shardings include the optimizer state's)
+        # packed rows / token-budget micro-batches: one jitted accumulation per micro-batch, then one update
+        self._accumulate_fn = self._apply_fn = self._zeros_fn = None
 
     # -- sizes -----------------------------------------------------------------------------------------------
 
@@ -121,8 +131,12 @@ class TrainedRole:
             updates_per_step=self.updates_per_step,
         )
         self.opt_state = self._tx.init(self.params)
+        zeros = lambda p: jax.tree.map(jnp.zeros_like, p)  # noqa: E731
         if self.mesh is None:
             self._update_fn = jax.jit(self._update_minibatch, donate_argnums=(0, 1), static_argnames=("prompt_width",))
+            self._accumulate_fn = jax.jit(self._accumulate, donate_argnums=(1,), static_argnames=("prompt_width",))
+            self._apply_fn = jax.jit(self._apply, donate_argnums=(0, 1))
+            self._zeros_fn = jax.jit(zeros)
             return
         self.opt_state, self.opt_shardings = shard_tree(self.opt_state, self.mesh, self.rules)
         replicated = NamedSharding(self.mesh, PartitionSpec())
@@ -132,6 +146,17 @@ class TrainedRole:
                           replicated, replicated, self._extra_shardings()),
             out_shardings=(self.param_shardings, self.opt_shardings, replicated),
         )
+        acc = (self.param_shardings, replicated, replicated, replicated)
+        self._accumulate_fn = jit_sharded(
+            self._accumulate, donate_argnums=(1,), static_kwarg="prompt_width",
+            in_shardings=(self.param_shardings, acc, rows_sharding(self.mesh, self.rules), replicated, replicated,
+                          self._extra_shardings()),
+            out_shardings=acc,
+        )
+        self._apply_fn = jax.jit(self._apply, donate_argnums=(0, 1),
+                                 in_shardings=(self.param_shardings, self.opt_shardings, acc),
+                                 out_shardings=(self.param_shardings, self.opt_shardings, replicated))
+        self._zeros_fn = jax.jit(zeros, in_shardings=(self.param_shardings,), out_shardings=self.param_shardings)
 
     # -- what a subclass provides ------------------------------------------------------------------------------
 
@@ -184,6 +209,69 @@ class TrainedRole:
 
     stack_micro = staticmethod(stack_micro)
 
+    # -- packed rows / token-budget micro-batches ----------------------------------------------------------------
+
+    @property
+    def slotted(self) -> bool:
+        """The update runs on slot-planned micro-batches (packed rows and / or a token budget), one jitted
+        accumulation each, instead of the fixed-count ``lax.scan``."""
+        return self.plan.remove_padding or self.plan.max_token_len is not None
+
+    def _accumulate(self, params, acc, micro, num_tokens, num_seqs, extra, *, prompt_width):
+        """``acc`` plus one micro-batch's gradient and metrics (``acc = (grads, sums, weighted, tokens)``, as
+        :func:`~jaxrl.workers.microbatch.scan_accumulate` carries them)."""
+        grads_acc, sums, wsums, tok = acc
+        grad_fn = jax.value_and_grad(self._micro_loss, has_aux=True)
+        (_, (metrics, weighted, tokens)), grads = grad_fn(params, micro, num_tokens, num_seqs, prompt_width, extra)
+        add = lambda a, b: jax.tree.map(jnp.add, a, b)  # noqa: E731
+        return add(grads_acc, grads), add(sums, metrics), add(wsums, weighted), tok + tokens
+
+    def _apply(self, params, opt_state, acc):
+        """One optimizer update from accumulated gradients (skipped when not finite); the metrics as
+        :meth:`_update_minibatch` gives them."""
+        grads, sums, wsums, tok = acc
+        metrics = dict(sums)
+        metrics.update({k: v / jnp.maximum(tok, 1.0) for k, v in wsums.items()})
+        new_params, new_opt_state, grad_norm, finite = guarded_update(self._tx, grads, opt_state, params)
+        metrics[f"{self.name}/grad_norm"] = grad_norm
+        metrics[f"{self.name}/nonfinite_grad"] = 1.0 - finite.astype(jnp.float32)
+        return new_params, new_opt_state, metrics
+
+    def _replicated(self, tree):
+        """Host values on the devices, replicated over the mesh (or on the default device without one)."""
+        if self.mesh is None:
+            return jax.device_put(tree)
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        return to_global(tree, replicated)
+
+    def micro_slots(self, idx: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
+        """The micro-batches of one mini-batch (rows ``idx``) as ``[shards, S]`` slot arrays
+        (:func:`~jaxrl.workers.seqlen.plan_slots`; ``lengths`` are every batch row's real tokens)."""
+        return plan_slots(idx, lengths[idx], shards=self.batch_shards, micro_rows=self.plan.micro_batch_rows,
+                          budget=self.plan.max_token_len, packed=self.plan.remove_padding,
+                          key=self.plan.max_token_key)
+
+    def slotted_grads(self, params, arrays, idx, prompt_width, extra=None):
+        """The accumulated ``(grads, sums, weighted, tokens)`` of the mini-batch ``idx`` over its slot-planned
+        micro-batches, each normalised by the mini-batch's valid tokens and rows (exact under any partition)."""
+        lengths = real_lengths(arrays["attention_mask"])
+        num_tokens = np.float32(max(arrays["response_mask"][idx].sum(), 1.0))
+        num_seqs = np.float32(len(idx))
+        packed = self.plan.remove_padding
+        acc = None
+        for slots in self.micro_slots(idx, lengths):
+            micro = micro_layout(arrays, slots, prompt_width, packed=packed, max_row_tokens=self.plan.max_token_len)
+            if acc is None:
+                width = 0 if packed else prompt_width
+                _, (m0, w0, _) = jax.eval_shape(
+                    lambda p, m, e: self._micro_loss(p, m, num_tokens, num_seqs, width, e), params, micro, extra)
+                zero = lambda tree: {k: np.zeros(v.shape, v.dtype) for k, v in tree.items()}  # noqa: E731
+                # on devices like the accumulated outputs, so the first call compiles the same program as the rest
+                acc = (self._zeros_fn(params),) + self._replicated((zero(m0), zero(w0), np.float32(0.0)))
+            acc = self._accumulate_fn(params, acc, micro, num_tokens, num_seqs, extra,
+                                      prompt_width=0 if packed else prompt_width)
+        return acc
+
     def run_updates(self, batch) -> dict[str, float]:
         """``ppo_epochs`` passes of mini-batch updates over ``batch`` (rows shuffled per epoch when ``shuffle``).
 
@@ -200,6 +288,13 @@ class TrainedRole:
         for _ in range(self.plan.ppo_epochs):
             order = self.rng.permutation(batch.size) if self._shuffle else np.arange(batch.size)
             for start in range(0, batch.size, mini):
+                if self.slotted:
+                    acc = self.slotted_grads(self.params, arrays, order[start : start + mini], batch.prompt_width,
+                                             extra)
+                    self.params, self.opt_state, metrics = self._apply_fn(self.params, self.opt_state, acc)
+                    history.append(metrics)
+                    self.num_updates += 1
+                    continue
                 stacked, num_tokens, num_seqs = self.stack_micro(arrays, order[start : start + mini], mini, micro)
                 self.params, self.opt_state, metrics = self._update_fn(
                     self.params, self.opt_state, stacked, num_tokens, num_seqs, extra, prompt_width=batch.prompt_width

@@ -34,7 +34,6 @@ VERL_RECIPE = (
     "trainer.save_freq=-1 trainer.test_freq=5 trainer.total_epochs=15"
 )
 NO_JAX_MEANING = {
-    "actor_rollout_ref.model.use_remove_padding",
     "actor_rollout_ref.actor.fsdp_config.param_offload",
     "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
     "actor_rollout_ref.rollout.tensor_model_parallel_size",

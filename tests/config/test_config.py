@@ -402,10 +402,10 @@ def test_critic_compat_keys():
         "critic.optim.warmup_style=cosine", "critic.optim.clip_grad=0.5", "critic.enable=True",
     ])
     keys = [n.key for n in loaded.notes]
-    assert keys == ["critic.model.fsdp_config.param_offload", "critic.strategy", "critic.model.use_remove_padding",
+    assert keys == ["critic.model.fsdp_config.param_offload", "critic.strategy",
                     "critic.optim.warmup_style", "critic.optim.clip_grad", "critic.enable"]
     assert loaded.config.critic.optim.lr_scheduler_type == "cosine" and loaded.config.critic.grad_clip == 0.5
-    assert "critic.use_dynamic_bsz=True is not supported" in _error(None, ["critic.use_dynamic_bsz=True"])
+    assert loaded.config.critic.model.use_remove_padding is True  # a real key now (packed value model)
     assert "critic.model.lora_rank=8 is not supported" in _error(None, ["critic.model.lora_rank=8"])
     # no wildcard swallows a typo of a real critic key
     assert "did you mean 'critic.optim.lr'" in _error(None, ["critic.optim.lrr=1e-5"])
@@ -529,16 +529,15 @@ def test_fsdp_config_keys_give_notes():
         "actor_rollout_ref.model.use_remove_padding=True",
     ])
     by_key = {n.key: n for n in loaded.notes}
-    assert list(by_key) == [
+    assert list(by_key) == [  # use_remove_padding acts (packed rows): no note
         "actor_rollout_ref.actor.fsdp_config.param_offload",
         "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
         "actor_rollout_ref.ref.fsdp_config.param_offload",
-        "actor_rollout_ref.model.use_remove_padding",
     ]
     assert "`fsdp` axis" in by_key["actor_rollout_ref.ref.fsdp_config.param_offload"].note
     assert by_key["actor_rollout_ref.actor.fsdp_config.optimizer_offload"].value is True
     assert "\n" not in str(by_key["actor_rollout_ref.actor.fsdp_config.param_offload"])
-    assert loaded.config.actor_rollout_ref.model.use_remove_padding is True  # a real (no-op) field
+    assert loaded.config.actor_rollout_ref.model.use_remove_padding is True
 
 
 def test_fsdp_config_in_yaml_gives_notes(tmp_path):
@@ -563,7 +562,45 @@ def test_unsupported_verl_feature_value_rejected():
     msg = _error(None, ["actor_rollout_ref.model.lora_rank=8"])
     assert "actor_rollout_ref.model.lora_rank=8 is not supported" in msg and "valid: 0" in msg
     assert load_config_with_notes(None, ["actor_rollout_ref.model.lora_rank=0"]).notes[0].key.endswith("lora_rank")
-    assert "use_dynamic_bsz=True is not supported" in _error(None, ["actor_rollout_ref.actor.use_dynamic_bsz=True"])
+    assert "reward_model.use_dynamic_bsz=True is not supported" in _error(None, ["reward_model.use_dynamic_bsz=True"])
+
+
+def test_dynamic_batch_and_packing_keys_act_with_verl_defaults():
+    """verl's dynamic-batch keys are real: the log-prob / reference / critic switches and budgets follow the actor's
+    when unset (verl's oc.select defaults), the critic packs with the model key, and the plan carries the budgets."""
+    from jaxrl.config.batch_plan import BatchPlan
+
+    loaded = load_config_with_notes(None, [
+        "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=3000",
+        "actor_rollout_ref.model.use_remove_padding=True", "critic.ppo_max_token_len_per_gpu=6000",
+        "data.max_prompt_length=512", "data.max_response_length=1024",
+    ])
+    assert loaded.notes == ()
+    c = loaded.config
+    arr = c.actor_rollout_ref
+    assert arr.rollout.log_prob_use_dynamic_bsz is True and arr.rollout.log_prob_max_token_len_per_gpu == 3000
+    assert arr.ref.log_prob_use_dynamic_bsz is True and arr.ref.log_prob_max_token_len_per_gpu == 3000
+    assert c.critic.use_dynamic_bsz is True and c.critic.forward_max_token_len_per_gpu == 6000
+    assert c.critic.model.use_remove_padding is True
+    plan = BatchPlan.from_config(c, batch_shards=2)
+    assert (plan.actor.max_token_len, plan.actor.forward_max_token_len, plan.ref_max_token_len) == (3000,) * 3
+    assert (plan.critic.max_token_len, plan.critic.forward_max_token_len) == (6000, 6000)
+    assert plan.actor.remove_padding and plan.critic.remove_padding
+    off = BatchPlan.from_config(load_config(None, ["actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True"]))
+    assert off.actor.max_token_len is None and off.actor.forward_max_token_len == 16384
+    assert not off.actor.remove_padding
+    # a budget must hold the longest sequence (verl asserts max_token_len >= the sequence length)
+    msg = _error(None, ["actor_rollout_ref.actor.use_dynamic_bsz=True",
+                        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1000", "data.max_prompt_length=512",
+                        "data.max_response_length=1024"])
+    assert "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1000 is below the longest sequence" in msg
+    assert "valid: >= 1536" in msg and "\n" not in msg
+    assert "ppo_max_token_len_per_gpu" in _error(None, ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=0"])
+    # under a token budget the micro-batch row count is unused, so verl's divisibility rule does not apply
+    odd = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"]
+    assert "must divide the per-device mini-batch" in _error(None, odd)
+    load_config(None, odd + ["actor_rollout_ref.actor.use_dynamic_bsz=True"])
 
 
 def test_wildcards_never_swallow_schema_typos():
@@ -582,21 +619,22 @@ def test_compat_tables_are_consistent():
         assert new in leaves and old not in leaves, old
     exact_schema = {k for k in compat.NOTES if k in leaves}
     assert exact_schema == {
-        "actor_rollout_ref.model.use_remove_padding",
         "actor_rollout_ref.rollout.free_cache_engine",
         "actor_rollout_ref.rollout.gpu_memory_utilization",
         "actor_rollout_ref.rollout.tensor_model_parallel_size",
     }
 
 
-def test_dataclass_defaults_match_loaded_defaults():
+def test_dataclass_defaults_match_loaded_defaults(monkeypatch):
     """The schema is the single source of truth: the loader adds nothing but the documented fills."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     fresh = JaxRLConfig()
     loaded = load_config(None)
     assert loaded.algorithm == fresh.algorithm
     rm_model = dataclasses.replace(fresh.reward_model.model, input_tokenizer=fresh.actor_rollout_ref.model.path)
     assert loaded.reward_model == dataclasses.replace(fresh.reward_model, model=rm_model)  # ${...model.path}
-    assert loaded.trainer == dataclasses.replace(fresh.trainer, default_local_dir="checkpoints/verl_examples/gsm8k")
+    assert loaded.trainer == dataclasses.replace(fresh.trainer, default_local_dir="checkpoints/verl_examples/gsm8k",
+                                                 launcher="local")  # null -> local without RAY_ADDRESS
     assert loaded.actor_rollout_ref.actor == fresh.actor_rollout_ref.actor
     assert loaded.actor_rollout_ref.model == fresh.actor_rollout_ref.model
     assert yaml.safe_load(config_to_yaml(loaded))["trainer"]["logger"] == fresh.trainer.logger

@@ -205,3 +205,68 @@ def test_from_jsonl_bad_field_names_the_row_and_the_fields(tmp_path):
             "--from-jsonl", str(tmp_path / "nope.jsonl"), "--question-field", "q", "--answer-field", "a",
             "--data-source", "math", "--output", str(tmp_path / "out"),
         ])
+
+
+# two rows in MBPP's own jsonl format (task 2 and 3 of mbpp.jsonl)
+MBPP_ROWS = [
+    {"text": "Write a function to find the similar elements from the given two tuple lists.",
+     "code": "def similar_elements(test_tup1, test_tup2):\r\n  res = tuple(set(test_tup1) & set(test_tup2))\r\n"
+             "  return (res) ",
+     "task_id": 2, "test_setup_code": "",
+     "test_list": ["assert similar_elements((3, 4, 5, 6),(5, 7, 4, 10)) == (4, 5)",
+                   "assert similar_elements((1, 2, 3, 4),(5, 4, 3, 7)) == (3, 4)",
+                   "assert similar_elements((11, 12, 14, 13),(17, 15, 14, 13)) == (13, 14)"],
+     "challenge_test_list": []},
+    {"text": "Write a python function to identify non-prime numbers.",
+     "code": "import math\r\ndef is_not_prime(n):\r\n    result = False\r\n"
+             "    for i in range(2,int(math.sqrt(n)) + 1):\r\n        if n % i == 0:\r\n            result = True\r\n    return result",
+     "task_id": 3, "test_setup_code": "",
+     "test_list": ["assert is_not_prime(2) == False", "assert is_not_prime(10) == True",
+                   "assert is_not_prime(35) == True"],
+     "challenge_test_list": []},
+]
+
+
+def test_from_jsonl_mbpp_rows_become_assert_case_code_rows(tmp_path, bwrap_sandbox):
+    from jaxrl.rewards import default_compute_score
+    from jaxrl.rewards.code import CodeRewardSettings
+
+    src = tmp_path / "mbpp.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in MBPP_ROWS))
+    out = tmp_path / "out"
+    counts = prepare.main(["--from-jsonl", str(src), "--question-field", "text", "--answer-field", "test_list",
+                           "--data-source", "mbpp", "--output", str(out)])
+    assert counts == {"train": {"written": 2, "skipped": 0}}
+    rows = pq.read_table(out / "train.parquet").to_pylist()
+    first = rows[0]
+    assert first["data_source"] == "mbpp" and first["ability"] == "code"
+    assert json.loads(first["reward_model"]["ground_truth"]) == {"assert_case": MBPP_ROWS[0]["test_list"]}
+    content = first["prompt"][0]["content"]
+    assert content == (MBPP_ROWS[0]["text"] + "\nYour code should pass these tests:\n\n"
+                       + "\n".join(MBPP_ROWS[0]["test_list"]) + "\n\n" + prepare.CODE_INSTRUCTION)
+    settings = CodeRewardSettings(sandbox=bwrap_sandbox)
+    for row, raw in zip(rows, MBPP_ROWS):  # MBPP's reference code passes its own tests, in a fenced reply
+        reply = f"Sure.\n```python\n{raw['code']}\n```"
+        res = default_compute_score(row["data_source"], reply, row["reward_model"]["ground_truth"], code=settings)
+        assert res["score"] == 1.0 and res["passed"] == 3, res
+    wrong = "```python\ndef is_not_prime(n):\n    return n % 2 == 0\n```"  # 2 -> True (wrong), 10 ok, 35 wrong
+    res = default_compute_score("mbpp", wrong, rows[1]["reward_model"]["ground_truth"], code=settings)
+    assert res["score"] == pytest.approx(1 / 3)
+
+
+def test_from_jsonl_code_answers_are_checked(tmp_path):
+    src = tmp_path / "cc.jsonl"
+    good = {"inputs": ["1 2\n"], "outputs": ["3\n"]}
+    src.write_text(json.dumps({"q": "Add two ints.", "tests": good}) + "\n"
+                   + json.dumps({"q": "Broken.", "tests": {"inputs": ["1"], "outputs": []}}) + "\n")
+    with pytest.raises(ValueError, match=r"cc.jsonl: row 2: code ground_truth has 1 inputs, 0 outputs"):
+        prepare.main(["--from-jsonl", str(src), "--question-field", "q", "--answer-field", "tests",
+                      "--data-source", "codecontests", "--output", str(tmp_path / "out")])
+    counts = prepare.main(["--from-jsonl", str(src), "--question-field", "q", "--answer-field", "tests",
+                           "--data-source", "codecontests", "--output", str(tmp_path / "out"), "--max-rows", "1"])
+    row = pq.read_table(tmp_path / "out" / "train.parquet").to_pylist()[0]
+    assert counts["train"]["written"] == 1 and json.loads(row["reward_model"]["ground_truth"]) == good
+    assert row["prompt"][0]["content"] == "Add two ints.\n\n" + prepare.CODE_INSTRUCTION
+    with pytest.raises(ValueError, match="--answer-field 'tests' is missing, empty or not a scalar"):
+        prepare.main(["--from-jsonl", str(src), "--question-field", "q", "--answer-field", "tests",
+                      "--data-source", "openai/gsm8k", "--output", str(tmp_path / "out2")])

@@ -6,7 +6,7 @@ counts the rows of one micro-batch on the whole mesh (8 rows, 2 per device) or p
 these tests hold across that change of meaning (issue 15, item 5).
 
 * 2 x 2 for 3 steps equals the 1 x 4 run in every non-timing metric (1e-5), with exactly one writer: one row per
-  step in ``metrics.jsonl`` (plus the step-0 validation), two ``val_generations.jsonl`` lines per validation, one
+  step in ``metrics.jsonl`` (plus the step-0 validation), ``val_generations.jsonl`` equal to the 1 x 4 run's, one
   ``hf_model/``, no lock or temporary file left;
 * resuming that run to step 4 (2 x 2) equals the uninterrupted 4-step run;
 * SIGKILL of one process in the middle of a step ends the launcher (non-zero) within heartbeat + 10 s, leaving no
@@ -15,47 +15,25 @@ these tests hold across that change of meaning (issue 15, item 5).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from jaxrl.checkpoint import latest_complete_step
-from tests.distributed.worldkit import REPO, alive, child_env, launched, output, track
+from tests.distributed.worldkit import alive, launched, output, track
+from tests.quickstart_reference import COMMON
+from tests.quickstart_reference import assert_equal_metrics as _assert_equal_metrics
+from tests.quickstart_reference import metric_rows as _rows
+from tests.quickstart_reference import val_lines as _val_lines
 
 pytestmark = pytest.mark.slow
 
-MICRO = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8"]
-COMMON = ["--config", "configs/quickstart.yaml", "trainer.mesh.fsdp=4", "trainer.test_freq=-1",
-          "trainer.log_val_generations=2", "trainer.logger=[console,jsonl]", *MICRO]
-TWO_BY_TWO = ["--nproc", "2", "--local-devices", "2", "--", *COMMON, "trainer.nnodes=2", "trainer.n_gpus_per_node=2"]
+TWO_BY_TWO = ["--nproc", "2", "--local-devices", "2", "--", *COMMON, "trainer.mesh.fsdp=4", "trainer.nnodes=2",
+              "trainer.n_gpus_per_node=2"]
 HEARTBEAT_S = 10  # trainer.distributed.heartbeat_timeout_s's default
-
-
-def _rows(folder: Path) -> list[dict]:
-    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
-def _assert_equal_metrics(got: dict, want: dict, *, common_only: bool = False) -> None:
-    """Every non-timing metric of ``want`` equal in ``got`` within 1e-5 (relative to max(1, |value|))."""
-    bad = []
-    for key, value in want.items():
-        if key.startswith(("timing_s/", "perf/throughput")) or not isinstance(value, (int, float)):
-            continue
-        if key not in got:
-            if not common_only:
-                bad.append(f"{key} missing")
-            continue
-        if abs(got[key] - value) > 1e-5 * max(1.0, abs(value)):
-            bad.append(f"{key}: {got[key]} != {value}")
-    assert not bad, f"step {want.get('step')}: {bad}"
 
 
 def _launch(out: Path, steps: int, *extra: str, timeout: int = 1200) -> str:
@@ -70,28 +48,20 @@ def _launch(out: Path, steps: int, *extra: str, timeout: int = 1200) -> str:
     return stderr
 
 
-@pytest.fixture(scope="module")
-def reference(shared, tmp_path_factory) -> list[dict]:
-    """The uninterrupted 1 x 4 run, 4 steps: its metrics rows (step 0 = the validation before training)."""
-    out = tmp_path_factory.mktemp("one_by_four")
-    env = {**child_env(), "JAXRL_LOCAL_DEVICE_COUNT": "4"}
-    args = [sys.executable, "-m", "jaxrl.train", *COMMON, "trainer.nnodes=1", "trainer.n_gpus_per_node=4",
-            "trainer.total_training_steps=4", f"trainer.default_local_dir={out}"]
-    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    rows = _rows(out)
-    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
-    assert len((out / "val_generations.jsonl").read_text().splitlines()) == 2 * 2  # validations at 0 and 4
-    return rows
+@pytest.fixture
+def reference(fsdp4_reference):
+    """The uninterrupted 1 x 4 run, 4 steps (shared with tests/ray_backend): metric rows and val_generations."""
+    return fsdp4_reference
 
 
 def test_two_processes_equal_one_process_with_one_writer_and_resume_exactly(reference, tmp_path):
+    ref_rows, ref_val = reference
     _launch(tmp_path, 3, "trainer.save_freq=1")
     rows = _rows(tmp_path)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]  # one writer: each step once (two would double every row)
-    for got, want in zip(rows, reference):
-        _assert_equal_metrics(got, want, common_only=got["step"] == 3)  # step 3 validates here, not in the reference
-    assert len((tmp_path / "val_generations.jsonl").read_text().splitlines()) == 2 * 2  # validations at 0 and 3
+    for got, want in zip(rows, ref_rows):
+        _assert_equal_metrics(got, want)
+    assert _val_lines(tmp_path) == ref_val  # the same samples, written once
     hf = tmp_path / "hf_model"
     assert (hf / "model.safetensors").is_file() and (hf / "config.json").is_file()
     assert (tmp_path / "tokenizer").is_dir() and (tmp_path / "reward.png").is_file()
@@ -102,7 +72,7 @@ def test_two_processes_equal_one_process_with_one_writer_and_resume_exactly(refe
     assert "resumed from" in stderr and "at step 3" in stderr
     rows = _rows(tmp_path)
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
-    _assert_equal_metrics(rows[-1], reference[-1])  # step 4 (and its validation) as if never interrupted
+    _assert_equal_metrics(rows[-1], ref_rows[-1])  # step 4 as if never interrupted
 
 
 def test_sigkill_of_one_process_ends_the_run_and_the_same_command_resumes(reference, tmp_path):
@@ -126,5 +96,5 @@ def test_sigkill_of_one_process_ends_the_run_and_the_same_command_resumes(refere
     assert "resumed from" in stderr
     rows = _rows(tmp_path)
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]  # the killed step's row (if any) was dropped and redone
-    for got, want in zip(rows, reference):
+    for got, want in zip(rows, reference[0]):
         _assert_equal_metrics(got, want)

@@ -403,3 +403,13 @@ def test_generate_context_error_message():
         "--max-new-tokens=508 + the prompt's 5 token(s) = 513 exceed the model's context of 512 tokens "
         "(max_position_embeddings of c); use --max-new-tokens <= 507")
     assert context_error(3, 10, None, "c") is None
+
+
+def test_a_url_as_the_run_folder_is_refused_without_creating_a_local_folder(tmp_path, monkeypatch):
+    from jaxrl.paths import OutputDirError, ensure_writable_dir
+
+    monkeypatch.chdir(tmp_path)
+    for url in ("gs://bucket/run", "s3://b/r"):
+        with pytest.raises(OutputDirError, match=re.escape(f"k={url!r} is a URL; the run folder must be a filesystem")):
+            ensure_writable_dir(url, "k")
+    assert list(tmp_path.iterdir()) == []  # no local "gs:" folder was made

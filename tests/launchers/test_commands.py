@@ -53,7 +53,7 @@ def test_create_and_delete_argv():
 
 def test_run_plan_is_one_ssh_per_worker_with_the_same_program():
     pod = Pod("tpu-a", "us-central2-b", "v4-32", project="proj-1", internal_ip=True)
-    program = ["python", "-m", "jaxrl.train", "trainer.default_local_dir=gs://b/run dir"]
+    program = ["python", "-m", "jaxrl.train", "trainer.default_local_dir=/mnt/gcs/run dir"]
     plan = commands.run_plan(pod, 4, program, {"WANDB_MODE": "offline", "MSG": "a b'c"})
     text = commands.program_command(program, {"WANDB_MODE": "offline", "MSG": "a b'c"})
     assert plan == [["gcloud", "compute", "tpus", "tpu-vm", "ssh", "tpu-a", f"--worker={i}", *WHERE, *SSH_COMMON,
@@ -61,7 +61,7 @@ def test_run_plan_is_one_ssh_per_worker_with_the_same_program():
     # the remote text: into the checkout, venv first, TPU freed, env exported (quoted), then exec the program
     assert text.startswith('cd ~/jaxrl && export PATH="$HOME/jaxrl-venv/bin:$PATH" && { holders=')
     assert text.endswith(" && export WANDB_MODE=offline && export MSG='a b'\"'\"'c' && exec python -m jaxrl.train "
-                         "'trainer.default_local_dir=gs://b/run dir'")
+                         "'trainer.default_local_dir=/mnt/gcs/run dir'")
     # a shell reads the exported value back unchanged
     out = subprocess.run(["bash", "-c", f"true{commands._exports({'MSG': 'a b' + chr(39) + 'c $HOME'})} && "
                           "printf %s \"$MSG\""], capture_output=True, text=True).stdout
@@ -142,8 +142,11 @@ def test_parse_env():
     (TRAIN + ["trainer.default_local_dir=outputs/x", "trainer.distributed.mode=auto"], 2, [], "'outputs/x' is not"),
     (TRAIN + ["trainer.default_local_dir=/mnt/nfsx/r", "trainer.distributed.mode=auto"], 2, ["/mnt/nfs"],
      "'/mnt/nfsx/r' is not shared storage"),
-    (TRAIN + ["trainer.default_local_dir=gs://", "trainer.distributed.mode=auto"], 2, [], "'gs://' is not"),
-    (TRAIN + ["trainer.default_local_dir=gs://b/r"], 2, [], "2 hosts but the program sets no trainer.distributed"),
+    (TRAIN + ["trainer.default_local_dir=gs://b/r", "trainer.distributed.mode=auto"], 2, ["/mnt/gcs"],
+     "'gs://b/r' is a URL, which jaxrl.train cannot use"),
+    (TRAIN + ["trainer.default_local_dir=gs://b/r"], 1, [], "'gs://b/r' is a URL"),
+    (TRAIN + ["trainer.default_local_dir=/mnt/nfs/r"], 2, ["/mnt/nfs"],
+     "2 hosts but the program sets no trainer.distributed"),
     (TRAIN + ["trainer.default_local_dir=/mnt/nfs/r"], 1, ["mnt/nfs"], "'mnt/nfs': expected an absolute path"),
     ([], 2, [], "no program given"),
 ])
@@ -153,10 +156,10 @@ def test_check_program_refuses(program, workers, shared, error):
 
 
 @pytest.mark.parametrize("program,workers,shared,driver_only", [
-    (TRAIN + ["trainer.default_local_dir=gs://b/r", "trainer.distributed.mode=auto"], 4, [], False),
+    (TRAIN + ["trainer.default_local_dir=/mnt/gcs/r", "trainer.distributed.mode=auto"], 4, ["/mnt/gcs"], False),
     (TRAIN + ["trainer.default_local_dir=/mnt/nfs/r", "++trainer.distributed.mode=auto"], 2, ["/mnt/nfs/"], False),
     (TRAIN + ["trainer.default_local_dir=/mnt/nfs"], 1, ["/mnt/nfs"], False),
-    (TRAIN + ["trainer.default_local_dir=gs://b/r"], 4, [], True),        # Ray: one driver process
+    (TRAIN + ["trainer.default_local_dir=/mnt/gcs/r"], 4, ["/mnt/gcs"], True),  # Ray: one driver process
     (["python", "-c", "print(1)"], 4, [], False),                          # not jaxrl.train: no trainer checks
 ])
 def test_check_program_accepts(program, workers, shared, driver_only):

@@ -3,16 +3,15 @@
 - `test_fake_v4_32_forms_one_jax_world`: up, sync of this checkout, run of tests/launchers/world_check.py on
   every host: the 4 processes form one JAX world (process_count 4, device_count 8) whose psum is right, and
   the pod is deleted at the end. Needs nothing of issue 15 (the program joins the world itself).
-- `test_quickstart_on_fake_pod_matches_local_launcher`: DEPENDS ON ISSUE 15 (jaxrl.distributed, jaxrl.launch);
-  skipped until they exist. The quickstart for 2 steps through the launcher on the fake v4-32 and through
-  `python -m jaxrl.launch --nproc 4 --local-devices 2` give the same non-timing metrics. The pod's hosts run
-  with `trainer.distributed.mode=auto` as on a real pod (the fake gives them issue 15's JAXRL_* env where the
-  real pod gives TPU metadata), so this also needs issue 15's `auto` to use that env when it is set.
+- `test_quickstart_on_fake_pod_matches_local_launcher`: the quickstart for 2 steps through the launcher on the
+  fake v4-32 and through `python -m jaxrl.launch --nproc 4 --local-devices 2` give the same non-timing metrics.
+  On a real pod the hosts would pass `trainer.distributed.mode=auto` (jax reads the TPU metadata); the fake has
+  no metadata server, so it gives each host the JAXRL_* env contract instead and the hosts pass
+  `trainer.distributed.mode=env` (the launcher refuses a multi-host program that sets no mode).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -57,6 +56,7 @@ def test_fake_v4_32_forms_one_jax_world(fake_pod):
 
 QUICKSTART = ["--config", "configs/quickstart.yaml", "trainer.total_training_steps=2", "trainer.val_before_train=false",
               "trainer.test_freq=-1", "trainer.logger=[jsonl]", "trainer.mesh.fsdp=8",
+              "trainer.nnodes=4", "trainer.n_gpus_per_node=2",
               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
               "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
               "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8"]
@@ -68,9 +68,6 @@ def _metrics(path) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith(RUN_DEPENDENT)} for r in rows]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("jaxrl.distributed") is None
-                    or importlib.util.find_spec("jaxrl.launch") is None,
-                    reason="depends on issue 15 (jaxrl.distributed, python -m jaxrl.launch), not merged yet")
 def test_quickstart_on_fake_pod_matches_local_launcher(fake_pod, shared, tmp_path):
     storage = tmp_path / "shared-storage"
     storage.mkdir()
@@ -78,7 +75,7 @@ def test_quickstart_on_fake_pod_matches_local_launcher(fake_pod, shared, tmp_pat
     pod_out = storage / "pod"
     r = fake_pod.launch("run", *pod_args("v4-32"), "--shared-storage", str(storage), "--env", f"JAXRL_SHARED={shared}",
                         "--", "python", "-m", "jaxrl.train", *QUICKSTART, f"trainer.default_local_dir={pod_out}",
-                        "trainer.distributed.mode=auto", timeout=1500)
+                        "trainer.distributed.mode=env", timeout=1500)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert fake_pod.calls()[-1][3:5] == ["tpu-vm", "delete"]
     assert fake_pod.wait_no_leftovers() == []

@@ -104,10 +104,10 @@ def test_queued_spot_request_golden_sequence(fake_pod, tiny_checkout):
 
 def test_dry_run_calls_nothing_and_prints_the_exact_commands(fake_pod):
     program = ["python", "-m", "jaxrl.train", "--config", "configs/quickstart.yaml",
-               "trainer.default_local_dir=gs://bucket/run", "trainer.distributed.mode=auto"]
+               "trainer.default_local_dir=/mnt/gcs/run", "trainer.distributed.mode=auto"]
     pod = Pod("tpu-a", "us-central2-b", "v4-16", project="proj-1", queued=True, spot=True)
     outs = {}
-    for sub, extra in [("up", []), ("sync", []), ("run", ["--env", "K=v", "--", *program]), ("down", [])]:
+    for sub, extra in [("up", []), ("sync", []), ("run", ["--env", "K=v", "--shared-storage", "/mnt/gcs", "--", *program]), ("down", [])]:
         r = fake_pod.launch(sub, "--dry-run", *pod_args("v4-16", "--queued", "--spot"), *extra)
         assert r.returncode == 0, r.stderr
         outs[sub] = [shlex.split(line) for line in r.stdout.splitlines() if not line.startswith("#")]

@@ -4,6 +4,7 @@ generates exactly what an unsharded sampler on the actor's params generates; pla
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import jax
@@ -22,7 +23,7 @@ from jaxrl.rollout.jax_sampler import JaxSampler
 from jaxrl.rollout.weight_format import WeightFormat
 from jaxrl.rollout.weight_sync import WeightSync
 from jaxrl.trainer import Trainer
-from jaxrl.workers.actor import ActorWorker
+from jaxrl.workers.actor import ActorWorker, LogProbComputer
 from jaxrl.workers.critic import CriticWorker
 from jaxrl.workers.placement import batch_shards, make_placement, placement_from_config
 from sharding import DEFAULT_RULES, make_mesh
@@ -164,6 +165,43 @@ def test_sharded_critic_update_equals_single_device():
     assert head.sharding.spec == PartitionSpec("fsdp", None)
     q = value_of(sharded.params["backbone"]["layers"][0]["self_attn"]["q_proj"])
     assert q.sharding.spec == PartitionSpec("fsdp", "tensor", None)
+
+
+def test_packed_actor_and_critic_on_the_mesh_equal_single_device_padded(policy):
+    """use_remove_padding (and a per-device token budget) on data 2 x fsdp 2 x tensor 2: packed rows, one per batch
+    shard, give the single-device padded log-probs, update and values."""
+    graphdef, params = policy
+    budget = 20  # real tokens per device: several micro-batches per mini-batch
+    batch = make_batch(seed=2)
+    single = make_actor(graphdef, params)
+    mesh = make_mesh(**SIZES)
+    packed = make_actor(graphdef, params, mesh)
+    packed.plan = dataclasses.replace(packed.plan, remove_padding=True, max_token_len=budget)
+    packed.log_prob = LogProbComputer(graphdef, micro_batch_size=8, temperature=0.9, mesh=mesh, remove_padding=True,
+                                      max_token_len=budget)
+    lp1, ent1 = single.compute_log_probs(batch)
+    lp8, ent8 = packed.compute_log_probs(batch)
+    np.testing.assert_allclose(lp8, lp1, rtol=0, atol=2e-5)
+    np.testing.assert_allclose(ent8, ent1, rtol=0, atol=2e-5)
+    m1, m8 = single.update(batch), packed.update(batch)
+    for k in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/pg_clipfrac"):
+        np.testing.assert_allclose(m8[k], m1[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    assert_trees_close(packed.params, single.params, rtol=1e-4, atol=1e-5)
+    q = value_of(packed.params["layers"][0]["self_attn"]["q_proj"])
+    assert q.sharding.spec == PartitionSpec("fsdp", "tensor", None)  # the rules' layout survives the packed update
+
+    vgraph, vstate = nnx.split(ValueModel(CFG, rngs=nnx.Rngs(1)))
+    vparams = peaked(vstate, 5)
+    cfg, plan = critic_setup(rows=N, rollout_n=2, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, optim=OPTIM)
+    mcfg, mplan = critic_setup(rows=N, rollout_n=2, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=1,
+                               optim=OPTIM, batch_shards=4)
+    mplan = dataclasses.replace(mplan, remove_padding=True, max_token_len=budget, forward_max_token_len=budget)
+    c1 = CriticWorker(vgraph, copy(vparams), cfg, plan=plan, total_training_steps=1)
+    c8 = CriticWorker(vgraph, copy(vparams), mcfg, plan=mplan, total_training_steps=1, mesh=mesh)
+    np.testing.assert_allclose(c8.compute_values(batch), c1.compute_values(batch), rtol=0, atol=2e-5)
+    v1, v8 = c1.update(batch), c8.update(batch)
+    np.testing.assert_allclose(v8["critic/vf_loss"], v1["critic/vf_loss"], rtol=1e-4, atol=1e-6)
+    assert_trees_close(c8.params, c1.params, rtol=1e-4, atol=1e-5)
 
 
 def greedy(sampler):

@@ -1,0 +1,179 @@
+"""Micro-batch layouts from slots (host side, numpy): padded rows, or packed rows without padding.
+
+A micro-batch's *slots* ``[G, S]`` (:mod:`jaxrl.workers.seqlen`) name the batch rows each of ``G`` devices holds
+(``-1``: empty). Two layouts turn them into the arrays one jitted call takes:
+
+* **padded** (:func:`padded_micro`): every per-row array gathered as ``[G x S, ...]`` (empty slots all zero, so
+  fully masked): the layout of ``use_remove_padding=False``.
+* **packed** (:func:`packed_micro`, ``use_remove_padding=True``): each device's sequences laid end to end in one row
+  of ``T`` tokens, padding only at the row's end. verl packs the same way (``unpad_input`` into one
+  ``(1, total_nnz)`` row with ``cu_seqlens``); here a row carries ``segment_ids`` (1, 2, ... per sequence, 0 on
+  padding) and ``positions`` restarting at 0 per sequence, and the decoder keeps attention inside a segment
+  (:class:`jaxrl.models.decoder.Decoder`, ``segment_ids=``). The per-response arrays the losses read stay
+  ``[G x S, R]`` (the same rows as the padded layout), and two index arrays connect them to the packed row:
+  ``score_cols [G, K]``, the column of the token *before* each response token (where its logits / value are
+  read), and ``slot_index [G, S x R]``, where response token ``j`` of slot ``s`` sits among the row's ``K``
+  scoring columns. So the LM head runs on real response tokens only, and the loss code is the padded one.
+
+A sequence's real tokens are one contiguous span of its padded row (prompts left-padded, responses right-padded):
+``[P - prompt_len, P + response_len)``; its RoPE positions there are ``0 .. len - 1``, the same as the padded
+layout's ``cumsum(mask) - 1``, so packed and padded computations see the same tokens, positions and attention sets.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl.workers.seqlen import bucket, bucket_below
+
+__all__ = ["PACKED_KEYS", "at_scores", "micro_layout", "packed_micro", "padded_micro", "real_lengths", "scatter_rows",
+           "spans", "to_slots"]
+
+# Per-row arrays of the padded layout that the packed layout replaces by its own.
+_PADDED_ONLY = ("input_ids", "positions", "attention_mask")
+PACKED_KEYS = ("input_ids", "positions", "segment_ids", "score_cols", "score_ids", "slot_index")
+
+
+def spans(attention_mask: np.ndarray, prompt_width: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(start, end)`` ``[N]`` of each row's real tokens in a ``[N, P + R]`` attention mask.
+
+    Raises:
+      ValueError: a row whose real tokens are not one contiguous span ending the prompt at ``P`` (the packed layout
+        relies on left-padded prompts and right-padded responses).
+    """
+    mask = np.asarray(attention_mask) != 0
+    p = int(prompt_width)
+    prompt_len = mask[:, :p].sum(1)
+    resp_len = mask[:, p:].sum(1)
+    start, end = p - prompt_len, p + resp_len
+    if np.any((prompt_len == 0) & (resp_len > 0)):
+        bad = int(np.flatnonzero((prompt_len == 0) & (resp_len > 0))[0])
+        raise ValueError(f"row {bad}: a response without a prompt token has no position to score its first token")
+    cols = np.arange(mask.shape[1])[None, :]
+    contiguous = ((cols >= start[:, None]) & (cols < end[:, None])) == mask
+    if not contiguous.all():
+        bad = int(np.flatnonzero(~contiguous.all(1))[0])
+        raise ValueError(f"row {bad}: real tokens are not [left-padded prompt | right-padded response]; cannot pack")
+    return start.astype(np.int64), end.astype(np.int64)
+
+
+def real_lengths(attention_mask: np.ndarray) -> np.ndarray:
+    """Real tokens (prompt + response) per row, ``[N]`` int64: the weights of the token budget."""
+    return (np.asarray(attention_mask) != 0).sum(1).astype(np.int64)
+
+
+def padded_micro(arrays: dict[str, np.ndarray], slots: np.ndarray) -> dict[str, np.ndarray]:
+    """The padded layout: every array's rows gathered by ``slots`` ``[G, S]`` into ``[G x S, ...]``, empty slots
+    all zero (mask 0: they add nothing to any masked loss or metric)."""
+    flat = slots.reshape(-1)
+    valid = flat >= 0
+    out = {}
+    for k, v in arrays.items():
+        a = v[np.where(valid, flat, 0)]
+        a[~valid] = 0
+        out[k] = a
+    return out
+
+
+def packed_micro(arrays: dict[str, np.ndarray], slots: np.ndarray, prompt_width: int, *,
+                 max_row_tokens: int | None = None) -> dict[str, np.ndarray]:
+    """The packed layout of one micro-batch.
+
+    Args:
+      arrays: per-row arrays ``[N, ...]`` with ``input_ids`` / ``attention_mask`` ``[N, P + R]`` (the padded rows)
+        and the ``[N, R]`` response arrays (``response_ids``, ``response_mask``, what the loss reads).
+      slots: ``[G, S]`` batch rows per device (-1 = empty).
+      prompt_width: ``P``.
+      max_row_tokens: the token budget, if any: ``T`` is then bucketed down from it
+        (:func:`~jaxrl.workers.seqlen.bucket_below`), else on the grid of :func:`~jaxrl.workers.seqlen.bucket`.
+
+    Returns:
+      the response arrays as :func:`padded_micro` gives them (``[G x S, R]``), plus ``input_ids``, ``positions``,
+      ``segment_ids`` ``[G, T]`` int32, ``score_cols`` / ``score_ids`` ``[G, K]`` int32 (the column before each
+      response token and that token's id; 0 on padding) and ``slot_index`` ``[G, S x R]`` int32 (index into the
+      row's ``K`` scoring columns; 0 where the response mask is 0). ``T`` is bucketed on the fine grid (the
+      model's cost), ``K`` on powers of two (the LM head's), as ``S`` is by the planner.
+    """
+    g, s = slots.shape
+    ids, mask = arrays["input_ids"], arrays["attention_mask"]
+    resp = {k: v for k, v in arrays.items() if k not in _PADDED_ONLY}
+    out = padded_micro(resp, slots)
+    r = ids.shape[1] - int(prompt_width)
+    start, end = spans(mask, prompt_width)
+    row_tokens = [int(sum(end[i] - start[i] for i in row if i >= 0)) for row in slots]
+    row_scores = [int(sum(end[i] - prompt_width for i in row if i >= 0)) for row in slots]
+    if max_row_tokens is not None and max(row_tokens) <= max_row_tokens:
+        t = bucket_below(max(row_tokens), int(max_row_tokens))  # anchored at the budget: most rows share it
+    else:
+        t = bucket(max(row_tokens))
+    k = bucket(max(max(row_scores), 1), fine=False)
+    input_ids = np.zeros((g, t), np.int32)
+    positions = np.zeros((g, t), np.int32)
+    segment_ids = np.zeros((g, t), np.int32)
+    score_cols = np.zeros((g, k), np.int32)
+    score_ids = np.zeros((g, k), np.int32)
+    slot_index = np.zeros((g, s, r), np.int32)
+    for d in range(g):
+        col = kcol = 0
+        for j, i in enumerate(slots[d]):
+            if i < 0:
+                continue
+            n = int(end[i] - start[i])
+            input_ids[d, col : col + n] = ids[i, start[i] : end[i]]
+            positions[d, col : col + n] = np.arange(n)
+            segment_ids[d, col : col + n] = j + 1
+            nr = int(end[i] - prompt_width)  # response tokens; token q is scored at the column before it
+            first = col + int(prompt_width - start[i])  # column of response token 0
+            score_cols[d, kcol : kcol + nr] = np.arange(first - 1, first - 1 + nr)
+            score_ids[d, kcol : kcol + nr] = ids[i, prompt_width : prompt_width + nr]
+            slot_index[d, j, :nr] = np.arange(kcol, kcol + nr)
+            col += n
+            kcol += nr
+    out.update(input_ids=input_ids, positions=positions, segment_ids=segment_ids, score_cols=score_cols,
+               score_ids=score_ids, slot_index=slot_index.reshape(g, s * r))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ in the jitted programs
+def at_scores(x, score_cols):
+    """Rows of a packed ``[G, T, ...]`` array at the scoring columns ``[G, K]`` -> ``[G, K, ...]`` (a per-row gather,
+    so rows sharded over the batch axes stay on their device)."""
+    idx = score_cols.reshape(score_cols.shape + (1,) * (x.ndim - 2))
+    return jnp.take_along_axis(x, idx, axis=1)
+
+
+def to_slots(x, slot_index, response_mask):
+    """Per-scoring-column values ``[G, K]`` -> the padded response layout ``[G x S, R]`` (``slot_index``
+    ``[G, S x R]``; ``response_mask`` ``[G x S, R]``), 0 where the mask is 0."""
+    g = x.shape[0]
+    out = jnp.take_along_axis(x, slot_index, axis=1).reshape(g * (slot_index.shape[1] // response_mask.shape[1]),
+                                                              response_mask.shape[1])
+    return jnp.where(response_mask != 0, out, jnp.zeros((), out.dtype))
+
+
+def micro_layout(arrays: dict[str, np.ndarray], slots: np.ndarray, prompt_width: int, *, packed: bool,
+                 max_row_tokens: int | None = None) -> dict[str, np.ndarray]:
+    """:func:`packed_micro` when ``packed``, else :func:`padded_micro` (the arrays one jitted call takes)."""
+    if packed:
+        return packed_micro(arrays, slots, prompt_width, max_row_tokens=max_row_tokens)
+    return padded_micro(arrays, slots)
+
+
+def scatter_rows(outputs: list[np.ndarray], slot_list: list[np.ndarray], num_rows: int) -> np.ndarray:
+    """Per-slot outputs ``[G x S, ...]`` of each micro-batch back in batch row order ``[num_rows, ...]``.
+
+    Raises:
+      ValueError: a row is missing from the slots or appears twice.
+    """
+    first = outputs[0]
+    out = np.zeros((num_rows,) + first.shape[1:], first.dtype)
+    seen = np.zeros(num_rows, np.int64)
+    for res, slots in zip(outputs, slot_list):
+        flat = slots.reshape(-1)
+        valid = flat >= 0
+        out[flat[valid]] = res[valid]
+        np.add.at(seen, flat[valid], 1)
+    if not np.all(seen == 1):
+        raise ValueError(f"micro-batch slots must cover each of the {num_rows} rows once")
+    return out
