@@ -133,28 +133,40 @@ def main(argv: list[str] | None = None) -> None:
         rollout = JetStreamRollout(cfg, graphdef, params, max_new_tokens=a.max_new_tokens, slots=b, **kw)
         rec = {"batch": b, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens}
         outs = {}
-        for name, engine in (("sampler", sampler), ("jetstream", rollout)):
+        engines = {"sampler": sampler, "jetstream": rollout}
+        warm = {}
+        for name, engine in engines.items():
             t0 = time.perf_counter()
             # Warm-up: compiles every program this workload uses. The sampler: one chunk of the same shapes. The
             # engine's programs do not depend on max_new_tokens (fixed slots and cache): one token per request.
             engine.generate(warm_prompts[name], sp if name == "sampler" else dataclasses.replace(sp, max_new_tokens=1),
                             rng_seed=0)
-            warm = time.perf_counter() - t0
-            steps0 = rollout.engine.num_decode_steps
-            runs = [_timed(engine, prompts, sp, 0) for _ in range(a.repeats)]
-            out = runs[-1][0]
+            warm[name] = time.perf_counter() - t0
+        # Timed calls back to back, the order alternating (per repeat and per batch size) so a change in the
+        # machine's load does not always land on the same engine; the 1-minute load average after each is kept.
+        runs = {name: [] for name in engines}
+        for r in range(a.repeats):
+            order = list(engines) if (r + batches.index(b)) % 2 == 0 else list(engines)[::-1]
+            for name in order:
+                steps0 = rollout.engine.num_decode_steps
+                out, dt = _timed(engines[name], prompts, sp, 0)
+                runs[name].append((out, dt, rollout.engine.num_decode_steps - steps0, os.getloadavg()[0]))
+        for name, done in runs.items():
+            out = done[-1][0]
             tokens = int(out.response_mask.sum())
             lengths = out.response_lengths
             if name == "sampler":  # chunk c decodes until its longest row ends
                 steps = sum(int(lengths[i: i + b].max()) for i in range(0, len(lengths), b))
             else:
-                steps = (rollout.engine.num_decode_steps - steps0) // a.repeats
-            tps = [tokens / dt for _, dt in runs]
-            rec[name] = {**stats(tps), "raw_tps": tps, "seconds": [dt for _, dt in runs], "warmup_s": warm,
-                         "tokens": tokens, "decode_steps": steps, "slot_use": tokens / (steps * b)}
+                steps = done[-1][2]
+            tps = [tokens / dt for _, dt, _, _ in done]
+            rec[name] = {**stats(tps), "raw_tps": tps, "seconds": [dt for _, dt, _, _ in done],
+                         "load_1min_after": [ld for *_, ld in done], "warmup_s": warm[name], "tokens": tokens,
+                         "decode_steps": steps, "slot_use": tokens / (steps * b)}
             outs[name] = out
             print(f"  batch {b:3d} {name:9s}: {fmt_stats(stats(tps), 1)} tok/s, {tokens} tokens, {steps} decode steps, "
-                  f"slot use {tokens / (steps * b):.0%} (warm-up {warm:.0f} s)", flush=True)
+                  f"slot use {tokens / (steps * b):.0%} (warm-up {warm[name]:.0f} s, load after "
+                  f"{', '.join(f'{ld:.1f}' for *_, ld in done)})", flush=True)
         # Same streams, so the same tokens, up to a sampled token flipping where float32 rounding moves the
         # distribution across the uniform draw (then that row and its length differ): counted, not hidden.
         agree = np.all(outs["sampler"].response_ids == outs["jetstream"].response_ids, axis=1)
@@ -182,7 +194,9 @@ def main(argv: list[str] | None = None) -> None:
          "batch = the sampler's max_batch_size (requests in consecutive fixed batches) = the JetStream engine's "
          "decode slots (refilled as rows end)",
          "tokens/s = generated tokens / wall time of one generate call over all requests (prefill and host loop "
-         f"included); median (min-max) of {a.repeats} call(s) after one warm-up call; same rows = rows whose tokens "
+         f"included); median (min-max) of {a.repeats} call(s) per engine after one warm-up call each, the two "
+         "engines' calls back to back in alternating order; load after = the machine's 1-minute load average "
+         "right after each timed call; same rows = rows whose tokens "
          "both engines generated identically (same per-row random streams)",
          "decode steps: device decode steps (the sampler: the sum over its batches of the longest row); slot use = "
          "tokens / (decode steps x batch)",
@@ -190,14 +204,16 @@ def main(argv: list[str] | None = None) -> None:
          f"{_load(os.getloadavg())} on {os.cpu_count()} logical CPUs (other jobs on the machine slow both "
          "engines)"])
     lines += ["| batch | requests N | sampler tok/s | jetstream tok/s | jetstream / sampler | "
-              "sampler steps (slot use) | jetstream steps (slot use) | same rows | max log-prob gap |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "sampler steps (slot use) | jetstream steps (slot use) | same rows | max log-prob gap | load after "
+              "(sampler / jetstream) |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in records:
         s, j = r["sampler"], r["jetstream"]
         lines.append(f"| {r['batch']} | {r['prompts']} | {fmt_stats(s, 1)} | {fmt_stats(j, 1)} | "
                      f"{r['jetstream_over_sampler']:.2f}x | "
                      f"{s['decode_steps']} ({s['slot_use']:.0%}) | {j['decode_steps']} ({j['slot_use']:.0%}) | "
-                     f"{r['same_rows']}/{r['prompts']} | {r['max_log_prob_gap']:.1e} |")
+                     f"{r['same_rows']}/{r['prompts']} | {r['max_log_prob_gap']:.1e} | "
+                     f"{_load(s['load_1min_after'])} / {_load(j['load_1min_after'])} |")
     lines.append("")
     md, js = write_section("jetstream_throughput", lines, records)
     print("\n".join(lines))
