@@ -16,7 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import RESULTS_DIR, ROOT, machine_info, now_utc, versions  # noqa: E402
 
-ORDER = ("summary", "grpo_step", "rollout_throughput", "train_throughput", "scaling", "reshard")
+ORDER = ("summary", "grpo_step", "rollout_throughput", "jetstream_throughput", "train_throughput", "scaling",
+         "reshard")
 OUT = ROOT / "bench" / "RESULTS.md"
 
 

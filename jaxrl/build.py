@@ -298,7 +298,10 @@ def _build_rollout(cfg, model_cfg, graphdef, params, tokenizer, actor, placement
         mesh=placement.rollout_mesh if placement else None, rules=placement.rollout_rules if placement else None,
         split=placement is not None and placement.kind == "split",
     )
-    return weight_sync.engine, weight_sync
+    engine = weight_sync.engine
+    log.info("rollout engine %s: %s", cfg.actor_rollout_ref.rollout.name,
+             getattr(engine, "engine_name", None) or type(engine).__name__)
+    return engine, weight_sync
 
 
 def _build_critic(cfg, policy, total_training_steps, placement=None):

@@ -80,6 +80,14 @@ def test_rollout_engines_never_import_the_controller_or_the_roles():
             assert not {_top(i) for i in imps} & {"torch", "vllm"} or mod.endswith("factory"), (mod, sorted(imps))
 
 
+def test_only_jetstream_compat_imports_jetstream():
+    """google-jetstream (and the seqio it needs) is loaded in one place, with its documented shims; the engine,
+    the rollout and the orchestrator helper reach JetStream through it."""
+    importers = sorted(m for pkg in ("jaxrl", "sharding") for m, imps in _modules(pkg).items()
+                       if {_top(i) for i in imps} & {"jetstream", "seqio"})
+    assert importers == ["jaxrl.rollout.jetstream_compat"], importers
+
+
 def test_only_the_cli_imports_the_trainer_and_the_trainer_imports_no_role():
     importers = sorted(m for pkg in ("jaxrl", "sharding") for m, imps in _modules(pkg).items()
                        if m != "jaxrl.trainer" and any(_under(i, "jaxrl.trainer") for i in imps))

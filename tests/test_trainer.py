@@ -128,13 +128,13 @@ def test_missing_data_file_fails_before_loading_the_model(tmp_path, capsys):
     assert "nope.parquet" in err and "jaxrl.data.prepare" in err
 
 
-def test_unavailable_rollout_engine_is_a_clear_error():
+def test_unknown_rollout_engine_is_a_clear_error():
     from types import SimpleNamespace
 
     from jaxrl.rollout.factory import make_rollout_engine
 
-    cfg = SimpleNamespace(actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(name="jetstream")))
-    with pytest.raises(ValueError, match="rollout.name='jetstream'.*valid here: jax"):
+    cfg = SimpleNamespace(actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(name="sglang")))
+    with pytest.raises(ValueError, match="rollout.name='sglang' is unknown; valid: jax, vllm, jetstream"):
         make_rollout_engine(cfg, None, None, None, None)
 
 

@@ -56,8 +56,8 @@ NOTES: dict[str, str] = {
         "used by vLLM (rollout.name=vllm) for its KV-cache share; the jax sampler sizes its cache from shapes"
     ),
     "actor_rollout_ref.rollout.tensor_model_parallel_size": (
-        "used by vLLM/JetStream, and by the jax sampler only when a mesh is on (trainer.mesh / "
-        "trainer.placement=split): its tensor-parallel degree over the rollout devices"
+        "used by vLLM, and by the jax sampler / JetStream engine only when a mesh is on (trainer.mesh / "
+        "trainer.placement=split): their tensor-parallel degree over the rollout devices"
     ),
     # ---- FSDP / torch engine settings
     "actor_rollout_ref.actor.fsdp_config.*": _FSDP,
@@ -111,7 +111,6 @@ NOTES: dict[str, str] = {
     ),
     "actor_rollout_ref.rollout.max_num_batched_tokens": _VLLM_TUNING,
     "actor_rollout_ref.rollout.max_model_len": _VLLM_TUNING,
-    "actor_rollout_ref.rollout.max_num_seqs": _VLLM_TUNING,
     "actor_rollout_ref.rollout.disable_log_stats": _VLLM_TUNING,
     "actor_rollout_ref.rollout.enable_chunked_prefill": _VLLM_TUNING,
     "actor_rollout_ref.rollout.load_format": _VLLM_TUNING,

@@ -79,7 +79,7 @@ def validate_cross(cfg: JaxRLConfig) -> None:
                 f"actor_rollout_ref.rollout.max_new_tokens={rollout.max_new_tokens} = {longest} tokens; valid: >= "
                 f"{longest} (a token-budget micro-batch holds at least one whole sequence per device)"
             )
-    if rollout.name in ("vllm", "jetstream") and world % rollout.tensor_model_parallel_size:
+    if rollout.name == "vllm" and world % rollout.tensor_model_parallel_size:
         raise ConfigError(
             f"actor_rollout_ref.rollout.tensor_model_parallel_size={rollout.tensor_model_parallel_size} must "
             f"divide the {world} devices ({world_s}) for rollout.name={rollout.name!r}"
@@ -195,10 +195,6 @@ def validate_mesh(cfg: JaxRLConfig, c: Checks) -> None:
             f"trainer.mesh {sizes} (unset axes filled) has more than one axis set to -1; at most one axis may fill "
             "the remaining devices"
         )
-    if t.placement == "split" and cfg.actor_rollout_ref.rollout.name not in ("jax", "vllm"):
-        c.fail("trainer.placement", f"'colocated' with actor_rollout_ref.rollout.name="
-               f"{cfg.actor_rollout_ref.rollout.name!r} (split placement runs the embedded jax sampler on its own "
-               "devices, or vLLM as a separate worker process)")
     if t.placement == "split":
         v = t.rollout_devices
         if not (is_int(v) and v >= 1):

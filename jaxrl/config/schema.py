@@ -208,6 +208,9 @@ class RolloutConfig:
     log_prob_use_dynamic_bsz: Optional[bool] = None  # log-prob forward by a token budget; null = actor.use_dynamic_bsz
     log_prob_max_token_len_per_gpu: Optional[int] = None  # its real tokens per device; null = actor.ppo_max_token_len_per_gpu
     micro_batch_size: Optional[int] = None  # jaxrl: max sequences per generate call; null = no cap
+    # JetStream: most decode slots (sequences decoded at once, continuous batching); it uses one slot per row of a
+    # generate call (data.gen_batch_size or train_batch_size, x n) up to this; null = no cap. vLLM keeps its default.
+    max_num_seqs: Optional[int] = None
     # Tensor-parallel degree of the rollout engine: vLLM/JetStream, and the jax sampler when a mesh is on
     # (trainer.mesh / trainer.placement=split): the sampler's weights are split tensor-parallel over groups of this
     # many rollout devices and the remaining factor of the rollout devices splits the generated rows
@@ -415,8 +418,8 @@ class TrainerConfig:
     # jaxrl: where the rollout engine runs when a mesh is on. "colocated": on the train devices, the weights
     # re-laid-out for it (tensor-parallel over rollout.tensor_model_parallel_size, replicas over the rest);
     # "split": on its own trainer.rollout_devices devices (the last ones of jax.devices()), the train mesh on the
-    # rest; weights move device to device at every sync. split turns the mesh on even when trainer.mesh is unset,
-    # and needs actor_rollout_ref.rollout.name=jax (vLLM places its own weights).
+    # rest; weights move device to device at every sync. split turns the mesh on even when trainer.mesh is unset;
+    # with rollout.name=vllm, vLLM runs as a worker process on those devices (it places its own weights).
     placement: str = "colocated"
     rollout_devices: Optional[int] = None  # jaxrl: split only: devices the rollout engine gets (>= 1); null otherwise
     # jaxrl: overrides of the logical-axis rules, {logical name: mesh axis | [mesh axes] | null (replicated)}, on top

@@ -212,3 +212,7 @@ def check_world(cfg, spec: WorldSpec, *, num_processes: int | None = None,
         raise ConfigError(
             f"actor_rollout_ref.rollout.name='vllm' is not supported with {who} yet: its weight sync gathers the "
             "policy onto one device of process 0; use rollout.name=jax (the embedded sampler on the train mesh)")
+    if cfg.actor_rollout_ref.rollout.name == "jetstream":
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.name='jetstream' is not supported with {who} yet (its continuous-batching "
+            "host loop has not been run across processes); use rollout.name=jax (the embedded sampler)")

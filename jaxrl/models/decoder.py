@@ -204,9 +204,10 @@ class Attention(nnx.Module):
         ``[L, B, S, nKV, D]`` with ``layer`` the index of this block, or None (no cache).
 
         Returns ``(out [B, T, H], k, v)``: with a cache, the whole cache with this layer's new keys/values
-        (post-RoPE) written at slots ``[cache_index, cache_index + T)``; without, the new keys/values
-        ``[B, T, nKV, D]``. Writing into the whole cache and attending over the updated layer slice lets XLA
-        update the cache in place inside the decode loop (no per-layer or per-step copy of the cache)."""
+        (post-RoPE) written at slots ``[cache_index, cache_index + T)`` (``cache_index`` a scalar, or ``[B]``: one
+        start slot per row, written by a scatter); without, the new keys/values ``[B, T, nKV, D]``. Writing into
+        the whole cache and attending over the updated layer slice lets XLA update the cache in place inside the
+        decode loop (no per-layer or per-step copy of the cache)."""
         q = self._proj(x, self.q_proj, self.q_bias)
         k = self._proj(x, self.k_proj, self.k_bias)
         v = self._proj(x, self.v_proj, self.v_bias)
@@ -217,6 +218,14 @@ class Attention(nnx.Module):
         k = apply_rope(k, cos, sin)
         if k_cache is None:
             k_all, v_all = k, v
+        elif cache_index.ndim == 1:  # one start slot per row (continuous batching: every row at its own position)
+            b, t = x.shape[:2]
+            rows = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], (b, t))
+            slots = cache_index[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+            k_cache = k_cache.at[layer, rows, slots].set(k.astype(k_cache.dtype), mode="promise_in_bounds")
+            v_cache = v_cache.at[layer, rows, slots].set(v.astype(v_cache.dtype), mode="promise_in_bounds")
+            k_all, v_all = k_cache[layer].astype(self.dtype), v_cache[layer].astype(self.dtype)
+            k, v = k_cache, v_cache
         else:
             start = (layer, 0, cache_index, 0, 0)
             k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype)[None], start)
@@ -337,7 +346,9 @@ class Decoder(nnx.Module):
                 every block boundary (``jax.lax.with_sharding_constraint``) so activations follow the mesh rules.
             cache_index: int32 scalar (may be traced): the slot of the first new token; required with ``cache``.
                 Callers must keep ``cache_index + T <= S`` (out-of-range writes are clamped by
-                ``lax.dynamic_update_slice``).
+                ``lax.dynamic_update_slice``). Or int32 ``[B]``: row ``b``'s first new token goes to slot
+                ``cache_index[b]`` (rows decoding at different positions, e.g. continuous batching); callers must
+                keep ``cache_index[b] + T <= S`` (out-of-range slots are undefined behaviour, not clamped).
             return_hidden: return the final-normed hidden states instead of logits.
             segment_ids: optional ``[B, T]`` int, no cache only: packed rows (several sequences per row,
                 :mod:`jaxrl.workers.packing`). Query ``t`` then also needs ``segment_ids[b, s] ==
@@ -347,7 +358,8 @@ class Decoder(nnx.Module):
 
         Semantics: without a cache, query ``t`` attends to keys ``s <= t`` with ``attention_mask[b, s]``. With a
         cache, the new keys/values are written to slots ``[cache_index, cache_index + T)`` and query ``t`` (at
-        slot ``cache_index + t``) attends to slots ``s <= cache_index + t`` with ``attention_mask[b, s]``.
+        slot ``cache_index + t``) attends to slots ``s <= cache_index + t`` with ``attention_mask[b, s]`` (with a
+        ``[B]`` ``cache_index``, row ``b``'s ``cache_index[b]`` in place of ``cache_index``).
 
         Returns:
             ``(out, new_cache)``: ``out`` is logits ``[B, T, V]`` float32, or hidden states ``[B, T, H]`` in the
@@ -393,9 +405,12 @@ class Decoder(nnx.Module):
             if isinstance(cache_index, (int, np.integer)) and not 0 <= cache_index <= s - t:
                 raise ValueError(f"cache_index {cache_index} out of range: need 0 <= cache_index <= {s - t}")
             cache_index = jnp.asarray(cache_index, jnp.int32)
-            q_slots = cache_index + jnp.arange(t, dtype=jnp.int32)
+            if cache_index.shape not in ((), (b,)):
+                raise ValueError(f"cache_index must be a scalar or [batch] = ({b},); got shape {cache_index.shape}")
+            q_slots = cache_index[..., None] + jnp.arange(t, dtype=jnp.int32)  # [T] or [B, T]
         k_slots = jnp.arange(s, dtype=jnp.int32)
-        mask = (k_slots[None, :] <= q_slots[:, None])[None, :, :] & (attention_mask != 0)[:, None, :]
+        causal = k_slots <= q_slots[..., None]  # [T, S] or [B, T, S]
+        mask = (causal if causal.ndim == 3 else causal[None]) & (attention_mask != 0)[:, None, :]
         if segment_ids is not None:  # packed rows: attention stays inside each sequence
             mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
 

@@ -46,7 +46,7 @@ from jaxrl.models.config import ModelConfig
 from jaxrl.models.decoder import init_cache
 from jaxrl.rollout.base import RolloutOutput, SamplingParams, check_prompts
 from jaxrl.rollout.sampling import select_tokens
-from jaxrl.rollout.weight_format import WeightFormat
+from jaxrl.rollout.weight_format import WeightFormat, check_same_params
 from sharding.rules import Rules
 
 __all__ = ["JaxSampler"]
@@ -56,15 +56,6 @@ _MIN_STOP_SLOTS = 8
 
 def _next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
-
-
-def _leaf_signature(params) -> dict[str, tuple[tuple[int, ...], str]]:
-    """``{path: (shape, dtype)}`` of every array leaf of a pytree (e.g. an ``nnx.State``)."""
-    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
-    return {
-        jax.tree_util.keystr(path): (tuple(np.shape(leaf)), str(getattr(leaf, "dtype", None) or np.asarray(leaf).dtype))
-        for path, leaf in leaves
-    }
 
 
 def _cache_mask(prompt_mask: jax.Array, max_new_tokens: int) -> jax.Array:
@@ -156,7 +147,6 @@ class JaxSampler:
             self._replicated = NamedSharding(mesh, PartitionSpec())
         self._graphdef = graphdef
         self._params = jax.tree.map(jnp.asarray, params)
-        self._signature = _leaf_signature(self._params)
         self._num_traces = 0
         self.last_decode_steps = 0  # decode-loop steps of the last generate() (max over chunks)
         self._prefill_jit = jax.jit(self._prefill_impl, static_argnames=("max_new_tokens",))
@@ -194,28 +184,8 @@ class JaxSampler:
           ValueError: names the missing/extra leaf paths, or the first leaves whose shape or dtype differ.
         """
         self.weight_format.check(params, self.engine_name)
-        sig = _leaf_signature(params)
-        missing = sorted(set(self._signature) - set(sig))
-        extra = sorted(set(sig) - set(self._signature))
-        if missing or extra:
-            raise ValueError(
-                f"update_weights: parameter tree differs from the sampler's; missing {missing[:5]}"
-                f"{' ...' if len(missing) > 5 else ''}, unexpected {extra[:5]}{' ...' if len(extra) > 5 else ''}"
-            )
-        diffs = [
-            f"{p}: expected {self._signature[p]}, got {sig[p]}" for p in sorted(sig) if sig[p] != self._signature[p]
-        ]
-        if diffs:
-            raise ValueError(
-                "update_weights: leaf shape/dtype mismatch (expected (shape, dtype)): " + "; ".join(diffs[:5])
-                + (f" ... and {len(diffs) - 5} more" if len(diffs) > 5 else "")
-            )
+        check_same_params(self._params, params, "sampler")
         new = jax.tree.map(jnp.asarray, params)
-        if jax.tree_util.tree_structure(new) != jax.tree_util.tree_structure(self._params):
-            raise ValueError(
-                "update_weights: parameter tree structure (node types/metadata) differs from the sampler's: "
-                f"{jax.tree_util.tree_structure(new)} vs {jax.tree_util.tree_structure(self._params)}"
-            )
         self._params = new
 
     # ------------------------------------------------------------------ jitted programs

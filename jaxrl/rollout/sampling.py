@@ -19,6 +19,7 @@ __all__ = [
     "top_p_filter",
     "filter_logits",
     "select_tokens",
+    "select_tokens_per_row",
     "sample_categorical",
     "token_log_probs",
 ]
@@ -209,3 +210,52 @@ def select_tokens(
     sampled = sample_categorical(keys, filtered)
     tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
     return tokens, token_log_probs(logits, tokens, temp)
+
+
+def select_tokens_per_row(
+    logits: jax.Array,
+    keys: jax.Array,
+    *,
+    temperature: jax.Array,
+    top_k: jax.Array,
+    top_p: jax.Array,
+    greedy: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """:func:`select_tokens` with a sampling setting per row (a continuous-batching engine's decode slots, each
+    holding another request).
+
+    Row ``b`` gets exactly what ``select_tokens(logits[b:b+1], keys[b:b+1], temperature=temperature[b], ...)``
+    gives. The top-k / top-p sort runs only when some sampled row has a filter on (one ``lax.cond`` on the whole
+    batch); otherwise the rows take the unfiltered path, the same operations ``select_tokens`` runs with both
+    filters off.
+
+    Args:
+      logits: float [batch, vocab].
+      keys: PRNG keys [batch] (one per row).
+      temperature: float [batch], > 0 where sampling (ignored where greedy).
+      top_k: int [batch], <= 0 = off. top_p: float [batch] in (0, 1], 1 = off.
+      greedy: bool [batch].
+    Returns:
+      (tokens int32 [batch], log_probs float32 [batch]); the log-prob is under ``log_softmax(logits / T)`` before
+      any filtering (T = 1 for greedy rows), as in :func:`select_tokens`.
+    """
+    logits = logits.astype(jnp.float32)
+    greedy = jnp.asarray(greedy, jnp.bool_)
+    temp = jnp.where(greedy, 1.0, jnp.asarray(temperature, jnp.float32))
+    top_k = jnp.where(greedy, 0, jnp.asarray(top_k, jnp.int32))
+    top_p = jnp.where(greedy, 1.0, jnp.asarray(top_p, jnp.float32))
+
+    def one_row(row_logits, key, t, k, p, g):
+        tok, lp = select_tokens(row_logits[None], key[None], temperature=t, top_k=k, top_p=p, greedy=g)
+        return tok[0], lp[0]
+
+    def filtered(_):
+        return jax.vmap(one_row)(logits, keys, temp, top_k, top_p, greedy)
+
+    def unfiltered(_):
+        scaled = apply_temperature(logits, temp[:, None])
+        sampled = sample_categorical(keys, scaled)
+        tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
+        return tokens, token_log_probs(logits, tokens, temp[:, None])
+
+    return jax.lax.cond(jnp.any((top_k > 0) | (top_p < 1.0)), filtered, unfiltered, None)

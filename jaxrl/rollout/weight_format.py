@@ -28,7 +28,7 @@ from jax.sharding import Mesh
 from jaxrl.rollout.base import WeightFormatError
 from sharding.rules import TENSOR_PARALLEL_RULES, Rules
 
-__all__ = ["FORMATS", "WeightFormat"]
+__all__ = ["FORMATS", "WeightFormat", "check_same_params", "params_signature"]
 
 FORMATS: tuple[str, ...] = ("jax", "hf_device", "hf_host")
 
@@ -119,6 +119,47 @@ class WeightFormat:
                            or (isinstance(x, jax.Array) and all(d.platform == "cpu" for d in x.sharding.device_set)))]
         if off:
             raise WeightFormatError(f"{want}; got tensors elsewhere: " + ", ".join(f"{k} {d}" for k, d in off[:3]))
+
+
+def params_signature(params: Any) -> dict[str, tuple[tuple[int, ...], str]]:
+    """``{path: (shape, dtype)}`` of every array leaf of a pytree (e.g. an ``nnx.State``): what an engine compares
+    a new set of weights against."""
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    return {
+        jax.tree_util.keystr(path): (tuple(np.shape(leaf)), str(getattr(leaf, "dtype", None) or np.asarray(leaf).dtype))
+        for path, leaf in leaves
+    }
+
+
+def check_same_params(reference: Any, params: Any, engine: str) -> None:
+    """Refuse ``params`` unless they have exactly ``reference``'s tree, leaf shapes and dtypes (an engine's
+    ``update_weights``: new weights for the same model).
+
+    Args:
+      reference: the engine's current params. params: the new ones. engine: its name, for the message.
+    Raises:
+      ValueError: names the missing / unexpected leaf paths, the first leaves whose shape or dtype differ, or a
+        tree structure (node types / metadata) that differs.
+    """
+    want, got = params_signature(reference), params_signature(params)
+    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    if missing or extra:
+        raise ValueError(
+            f"update_weights: parameter tree differs from the {engine}'s; missing {missing[:5]}"
+            f"{' ...' if len(missing) > 5 else ''}, unexpected {extra[:5]}{' ...' if len(extra) > 5 else ''}"
+        )
+    diffs = [f"{p}: expected {want[p]}, got {got[p]}" for p in sorted(got) if got[p] != want[p]]
+    if diffs:
+        raise ValueError(
+            "update_weights: leaf shape/dtype mismatch (expected (shape, dtype)): " + "; ".join(diffs[:5])
+            + (f" ... and {len(diffs) - 5} more" if len(diffs) > 5 else "")
+        )
+    ref_tree, new_tree = jax.tree_util.tree_structure(reference), jax.tree_util.tree_structure(params)
+    if ref_tree != new_tree:
+        raise ValueError(
+            f"update_weights: parameter tree structure (node types/metadata) differs from the {engine}'s: "
+            f"{new_tree} vs {ref_tree}"
+        )
 
 
 def _flat(state: nnx.State) -> list[tuple[str, Any]]:

@@ -109,6 +109,8 @@ def test_n_gpus_per_node_must_equal_each_processs_devices_with_several_processes
      "different device sets, which multi-controller JAX refuses across hosts"),
     (["trainer.mesh.fsdp=null"], "a run of 2 processes needs a train mesh"),
     (["actor_rollout_ref.rollout.name=vllm"], "actor_rollout_ref.rollout.name='vllm' is not supported with 2 "),
+    (["actor_rollout_ref.rollout.name=jetstream"],
+     "actor_rollout_ref.rollout.name='jetstream' is not supported with 2 processes yet"),
 ])
 def test_what_several_processes_cannot_run_is_refused_at_config_load(monkeypatch, overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

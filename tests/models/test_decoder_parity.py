@@ -199,6 +199,34 @@ def test_kv_cache_decode_matches_full_recompute(name):
     assert np.all(np.abs(k[:, :, : prompt_len + steps]).sum(axis=(-1, -2)) > 0)
 
 
+@pytest.mark.parametrize("name", ["llama_untied", "qwen3_qknorm"])
+def test_per_row_cache_index_equals_each_row_alone(name):
+    """cache_index [B] (rows at different positions, as a continuous-batching engine decodes): row b's logits and
+    cache equal a batch-1 call with the scalar cache_index[b] on that row's cache; other slots stay untouched."""
+    _, cfg, model = _build(name)
+    max_len, lengths = 10, [6, 2, 4]
+    rng = np.random.default_rng(3)
+    cache = init_cache(cfg, len(lengths), max_len)
+    cache = type(cache)(*(jnp.asarray(rng.normal(size=c.shape).astype(np.float32)) for c in cache))  # prior content
+    tok = rng.integers(3, cfg.vocab_size, size=(len(lengths), 2)).astype(np.int32)  # T = 2 new tokens per row
+    idx = np.asarray(lengths, np.int32)
+    pos = idx[:, None] + np.arange(2, dtype=np.int32)
+    mask = np.ones((len(lengths), max_len), np.int32)
+    logits, new = model(jnp.asarray(tok), jnp.asarray(pos), jnp.asarray(mask), cache, jnp.asarray(idx))
+    for b, n in enumerate(lengths):
+        one = type(cache)(cache.k[:, b: b + 1], cache.v[:, b: b + 1])
+        want, want_cache = model(jnp.asarray(tok[b: b + 1]), jnp.asarray(pos[b: b + 1]), jnp.asarray(mask[b: b + 1]),
+                                 one, int(n))
+        np.testing.assert_allclose(np.asarray(logits[b]), np.asarray(want[0]), atol=TOL, rtol=0)
+        np.testing.assert_array_equal(np.asarray(new.k[:, b]), np.asarray(want_cache.k[:, 0]))
+        np.testing.assert_array_equal(np.asarray(new.v[:, b]), np.asarray(want_cache.v[:, 0]))
+        keep = np.r_[0:n, n + 2:max_len]  # only slots n, n+1 were written
+        np.testing.assert_array_equal(np.asarray(new.k[:, b, keep]), np.asarray(cache.k[:, b, keep]))
+        assert not np.allclose(np.asarray(new.k[:, b, n]), np.asarray(cache.k[:, b, n]))
+    with pytest.raises(ValueError, match=r"cache_index must be a scalar or \[batch\] = \(3,\); got shape \(2,\)"):
+        model(jnp.asarray(tok), jnp.asarray(pos), jnp.asarray(mask), cache, jnp.asarray(idx[:2]))
+
+
 def test_padded_equals_unpadded():
     _, cfg, model = _build("llama_untied")
     rng = np.random.default_rng(11)

@@ -346,8 +346,6 @@ def test_per_device_micro_batches_must_divide_the_per_device_mini_batch():
     (["trainer.placement=spilt"], "trainer.placement='spilt' is invalid; expected one of 'colocated', 'split'"),
     (["trainer.placement=split"], "trainer.rollout_devices=None is invalid"),
     (["trainer.rollout_devices=4"], "null unless trainer.placement='split'"),
-    (["trainer.placement=split", "trainer.rollout_devices=4", "actor_rollout_ref.rollout.name=jetstream"],
-     "or vLLM as a separate worker process"),
     (["trainer.mesh.tensor=-1", "trainer.mesh.fsdp=-1"], "more than one axis set to -1"),
     (["trainer.mesh.data=0"], "trainer.mesh.data=0 is invalid"),
     (["trainer.sharding_rules={embd: null}"], "did you mean 'embed'"),
