@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.source_trees import tree as source_tree
+
 ROOT = Path(__file__).resolve().parents[1]
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 
@@ -22,9 +24,13 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def _tree(path: Path) -> ast.Module:
+    return source_tree(path)
+
+
 def _imports(path: Path) -> set[str]:
     """Absolute dotted names imported anywhere in ``path`` (relative imports resolved)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = _tree(path)
     package = _module_name(path).split(".")
     if path.name != "__init__.py":
         package = package[:-1]
@@ -114,7 +120,7 @@ def test_only_jaxrl_distributed_knows_about_processes():
     for path in sorted([*(ROOT / "jaxrl").rglob("*.py"), *(ROOT / "sharding").rglob("*.py")]):
         if (ROOT / "jaxrl" / "distributed") in path.parents:
             continue
-        tree = ast.parse(path.read_text(), filename=str(path))
+        tree = _tree(path)
         used = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and node.attr in _PROCESS_APIS and isinstance(node.value, ast.Name) \

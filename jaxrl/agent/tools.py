@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import threading
 from dataclasses import dataclass
 
 
@@ -112,6 +113,11 @@ _UNOPS = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 _FUNCS = {"sqrt": math.sqrt, "abs": abs, "round": round, "min": min, "max": max, "log": math.log, "exp": math.exp}
 
 
+# The loop runs a turn's tool calls in threads; CPython 3.11's ast.parse keeps one recursion counter per interpreter
+# (cpython#106905) and can raise "AST constructor recursion depth mismatch" when two threads parse at once.
+_PARSE_LOCK = threading.Lock()
+
+
 def calculate(expression: str) -> float | int:
     """Evaluate an arithmetic expression (numbers, ``+ - * / // % **``, parentheses, ``sqrt abs round min max log
     exp``) without executing code: the expression's syntax tree is walked.
@@ -139,7 +145,8 @@ def calculate(expression: str) -> float | int:
                          f"{', '.join(_FUNCS)}")
 
     try:
-        tree = ast.parse(expression.strip(), mode="eval")
+        with _PARSE_LOCK:
+            tree = ast.parse(expression.strip(), mode="eval")
     except SyntaxError as e:
         raise ValueError(f"not an arithmetic expression: {expression!r:.80} ({e.msg})") from None
     return ev(tree)

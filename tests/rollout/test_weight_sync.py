@@ -25,6 +25,7 @@ from jaxrl.rollout.jax_sampler import JaxSampler
 from jaxrl.rollout.weight_format import WeightFormat
 from jaxrl.rollout.weight_sync import WeightSync, make_translator
 from sharding import DEFAULT_RULES, make_mesh, param_shardings, shard_state, split_devices
+from tests.source_trees import tree as source_tree
 
 CFG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=8, bos_token_id=1, eos_token_id=(2,),
@@ -206,12 +207,12 @@ def test_update_weights_has_one_caller_and_rollout_never_imports_trainer_or_work
     nor the workers."""
     callers = []
     for path in sorted((REPO / "jaxrl").rglob("*.py")) + sorted((REPO / "sharding").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(source_tree(path)):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "update_weights":
                 callers.append(str(path.relative_to(REPO)))
     assert callers == ["jaxrl/rollout/weight_sync.py"]
     for path in sorted((REPO / "jaxrl" / "rollout").glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(source_tree(path)):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             bad = [n for n in names if n.startswith(("jaxrl.trainer", "jaxrl.workers"))]
