@@ -216,7 +216,8 @@ class Trainer(TrainingLoop):
         resumed = self.checkpoints.resume()
         if resumed is None:
             return False
-        self.kl_ctrl = self.kl_ctrl._replace(value=resumed.kl_ctrl_value)  # target/horizon: this run's config
+        if resumed.kl_ctrl_value is not None:
+            self.kl_ctrl = self.kl_ctrl._replace(value=resumed.kl_ctrl_value)  # target/horizon: this run's config
         self.step = resumed.step
         self.sync_rollout()  # the params were restored onto the train shardings (like=state_arrays())
         self.c.logger.truncate_after(resumed.step)  # steps logged after this checkpoint will be logged again
