@@ -564,8 +564,8 @@ def _walk(cls: type, prefix: str, leaves: dict[str, Any], sections: dict[str, ty
             leaves[key] = tp
 
 
-def schema_keys() -> tuple[dict[str, Any], dict[str, type]]:
-    """Return ``(leaves, sections)`` of :class:`JaxRLConfig`.
+def schema_keys(root: Optional[type] = None) -> tuple[dict[str, Any], dict[str, type]]:
+    """Return ``(leaves, sections)`` of the schema rooted at ``root`` (default :class:`JaxRLConfig`).
 
     ``leaves`` maps every full dotted leaf key (``"actor_rollout_ref.actor.optim.lr"``) to its
     annotated type (``float``, ``Optional[int]``, ``list[str]``, ``Any`` ...); ``sections`` maps
@@ -573,7 +573,7 @@ def schema_keys() -> tuple[dict[str, Any], dict[str, type]]:
     """
     leaves: dict[str, Any] = {}
     sections: dict[str, type] = {}
-    _walk(JaxRLConfig, "", leaves, sections)
+    _walk(JaxRLConfig if root is None else root, "", leaves, sections)
     return leaves, sections
 
 
