@@ -203,12 +203,13 @@ def validate_mesh(cfg: JaxRLConfig, c: Checks) -> None:
     elif t.rollout_devices is not None:
         c.fail("trainer.rollout_devices", "null unless trainer.placement='split' (colocated rollout uses the train "
                "devices)")
-    _validate_sharding_rules(t.sharding_rules)
+    validate_sharding_rules(t.sharding_rules)
     if mesh_enabled(cfg) and all(sizes[a] != -1 for a in batch_mesh_axes(cfg)):
         check_mesh_batch_sizes(cfg, sizes)
 
 
-def _validate_sharding_rules(rules: Any) -> None:
+def validate_sharding_rules(rules: Any) -> None:
+    """``trainer.sharding_rules``: a mapping of known logical axes to mesh axes (raises ConfigError)."""
     key = "trainer.sharding_rules"
     if rules is None:
         return
@@ -299,10 +300,11 @@ _OPTION_SECTIONS = (
     (registry.ADV_ESTIMATORS, "algorithm.adv_estimator", "algorithm", ("norm_adv_by_std_in_grpo", "gamma", "lam")),
     (registry.POLICY_LOSSES, "actor_rollout_ref.actor.policy_loss.loss_mode", "actor_rollout_ref.actor.policy_loss",
      tuple(f.name for f in dataclasses.fields(schema.PolicyLossConfig) if f.name != "loss_mode")),
+    (registry.PREFERENCE_LOSSES, "algorithm.dpo.loss_type", "algorithm.dpo", ("label_smoothing",)),
 )
 
 
-def check_declared_options(cfg: JaxRLConfig, given: Iterable[str]) -> None:
+def check_declared_options(cfg: JaxRLConfig, given: Iterable[str], *, option_sections=None) -> None:
     """A configured option the chosen estimator / policy loss does not take is an error (it would be ignored).
 
     The options of each function are declared in :mod:`jaxrl.algorithms.registry`. An option key counts as
@@ -312,13 +314,15 @@ def check_declared_options(cfg: JaxRLConfig, given: Iterable[str]) -> None:
     Args:
       cfg: the validated config.
       given: the dotted keys the file and the overrides set.
+      option_sections: ``(registry, select key, options section, option keys)`` tuples to check (default: the RL
+        config's estimator, policy loss and preference loss); the defaults are read from ``type(cfg)()``.
 
     Raises:
       ConfigError: names the option, its value, the chosen function and the options it takes (and which registered
         functions take that option); or a registered function declares an option that is no config key.
     """
     given = set(given)
-    for reg, select_key, section, option_keys in _OPTION_SECTIONS:
+    for reg, select_key, section, option_keys in (_OPTION_SECTIONS if option_sections is None else option_sections):
         name = get(cfg, select_key)
         entry = reg.entry(name)
         unknown = [o for o in entry.options if o not in option_keys]
@@ -327,7 +331,7 @@ def check_declared_options(cfg: JaxRLConfig, given: Iterable[str]) -> None:
                 f"{select_key}={name!r}: the {reg.kind} declares the option {unknown[0]!r}, which is no key under "
                 f"{section}; registered options must be among: {', '.join(option_keys)}"
             )
-        defaults = _section_defaults(section)
+        defaults = _section_defaults(section, type(cfg))
         for option in option_keys:
             key = f"{section}.{option}"
             value = get(cfg, key)
@@ -341,9 +345,9 @@ def check_declared_options(cfg: JaxRLConfig, given: Iterable[str]) -> None:
             )
 
 
-def _section_defaults(section: str) -> dict[str, Any]:
+def _section_defaults(section: str, root: type = schema.JaxRLConfig) -> dict[str, Any]:
     """The schema defaults of a config section's fields (``"algorithm"`` -> :class:`AlgorithmConfig`'s)."""
-    obj: Any = schema.JaxRLConfig()
+    obj: Any = root()
     for part in section.split("."):
         obj = getattr(obj, part)
     return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
