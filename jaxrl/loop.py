@@ -75,6 +75,12 @@ class TrainingLoop:
     def after_log(self, metrics: dict[str, float]) -> None:
         """Called after each step's metrics are logged (e.g. to redraw a plot)."""
 
+    def validation_due(self) -> bool:
+        """Whether :attr:`step` validates: every ``trainer.test_freq`` steps and at the last step (``test_freq``
+        -1: never)."""
+        freq = self.c.cfg.trainer.test_freq
+        return freq > 0 and (self.step % freq == 0 or self.step == self.c.total_training_steps)
+
     # -- the loop --------------------------------------------------------------------------------------------
 
     def fit(self) -> dict[str, float]:
@@ -134,12 +140,10 @@ class TrainingLoop:
 
     def _step_validate_log(self) -> dict[str, float]:
         """One training step, then validation when due, then logging."""
-        c, cfg = self.c, self.c.cfg
+        c = self.c
         metrics = self.train_step()
         metrics["training/global_step"] = self.step
-        test_freq = cfg.trainer.test_freq
-        if self.has_validation() and test_freq > 0 and (
-                self.step % test_freq == 0 or self.step == c.total_training_steps):
+        if self.has_validation() and self.validation_due():
             t: dict[str, float] = {}
             with timed("testing", t):
                 metrics.update(self.validate())
