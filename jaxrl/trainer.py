@@ -50,6 +50,7 @@ class Trainer(TrainingLoop):
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = get_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
         self.checkpoints = RunCheckpoints(c)  # what a checkpoint holds; this class decides when
+        self.online_dpo = bool(cfg.algorithm.dpo.enable)
 
     # -- one RL step -----------------------------------------------------------------------------------------
 
@@ -63,32 +64,35 @@ class Trainer(TrainingLoop):
             # several processes: every replica must train on the same batch (fails loudly, naming the step)
             distributed.check_replicas(self.step, batch.prompt_ids, batch.response_ids, batch.response_mask)
 
-            if cfg.actor_rollout_ref.actor.recompute_old_log_prob:  # else on-policy: the update uses its own
-                with timed("old_log_prob", t):
-                    batch.old_log_probs, entropy = c.actor.compute_log_probs(batch)
-                    metrics.update(rollout_mismatch_metrics(batch, entropy))
+            if self.online_dpo:  # algorithm.dpo.enable: pairs from the samples, the preference loss, no advantages
+                self._online_dpo_update(batch, metrics, t)
+            else:
+                if cfg.actor_rollout_ref.actor.recompute_old_log_prob:  # else on-policy: the update uses its own
+                    with timed("old_log_prob", t):
+                        batch.old_log_probs, entropy = c.actor.compute_log_probs(batch)
+                        metrics.update(rollout_mismatch_metrics(batch, entropy))
 
-            if c.ref is not None:
-                with timed("ref", t):
-                    batch.ref_log_probs, _ = c.ref.compute_log_probs(batch)
+                if c.ref is not None:
+                    with timed("ref", t):
+                        batch.ref_log_probs, _ = c.ref.compute_log_probs(batch)
 
-            if c.critic is not None:
-                with timed("values", t):
-                    batch.values = c.critic.compute_values(batch)
+                if c.critic is not None:
+                    with timed("values", t):
+                        batch.values = c.critic.compute_values(batch)
 
-            with timed("adv", t):
-                batch.token_level_rewards = self._apply_kl_in_reward(batch, metrics)
-                batch.advantages, batch.returns = self._advantages(batch)
+                with timed("adv", t):
+                    batch.token_level_rewards = self._apply_kl_in_reward(batch, metrics)
+                    batch.advantages, batch.returns = self._advantages(batch)
 
-            if c.critic is not None:
-                with timed("update_critic", t):
-                    metrics.update(c.critic.update(batch))
+                if c.critic is not None:
+                    with timed("update_critic", t):
+                        metrics.update(c.critic.update(batch))
 
-            if self.step > cfg.trainer.critic_warmup:  # PPO: let the critic learn first
-                with timed("update_actor", t):
-                    metrics.update(c.actor.update(batch))
-                with timed("sync", t):
-                    metrics["sync/bytes"] = self.sync_rollout()
+                if self.step > cfg.trainer.critic_warmup:  # PPO: let the critic learn first
+                    with timed("update_actor", t):
+                        metrics.update(c.actor.update(batch))
+                    with timed("sync", t):
+                        metrics["sync/bytes"] = self.sync_rollout()
 
         metrics.update(batch_metrics(batch))
         metrics.update({f"timing_s/{k}": v for k, v in t.items()})
@@ -98,6 +102,34 @@ class Trainer(TrainingLoop):
         metrics.update(memory_metrics())
         metrics["training/epoch"] = c.train_data.epoch
         return metrics
+
+    def _online_dpo_update(self, batch: RLBatch, metrics: dict, t: dict) -> None:
+        """Online DPO (``algorithm.dpo.enable``): the best and the worst scored sample of each group become a pair
+        (:func:`jaxrl.algorithms.best_worst_pairs`; groups whose scores are all equal give none), the frozen
+        reference scores both, the actor takes the preference loss, the rollout engine the new weights. A step
+        without a pair updates nothing (``dpo/pairs`` = 0)."""
+        from jaxrl.algorithms import best_worst_pairs, sequence_log_probs
+        from jaxrl.batch import PairBatch
+
+        c = self.c
+        batch.token_level_rewards = batch.token_level_scores  # no in-reward KL: DPO's beta is its KL term
+        with timed("pairs", t):
+            chosen, rejected, tied = best_worst_pairs(batch.token_level_scores.sum(-1), batch.group_ids)
+        metrics["dpo/pairs"] = float(len(chosen))
+        metrics["dpo/tied_groups"] = float(tied)
+        if not len(chosen):
+            return
+        pairs = PairBatch(batch.select(chosen), batch.select(rejected))
+        with timed("ref", t):
+            both = pairs.both()
+            ref, _ = c.ref.compute_log_probs(both)
+            ref = np.asarray(sequence_log_probs(ref, both.response_mask), np.float32)
+            pairs.ref_chosen_logps, pairs.ref_rejected_logps = ref[: pairs.size], ref[pairs.size:]
+        if self.step > self.c.cfg.trainer.critic_warmup:
+            with timed("update_actor", t):
+                metrics.update(c.actor.update(pairs))
+            with timed("sync", t):
+                metrics["sync/bytes"] = self.sync_rollout()
 
     def sync_rollout(self) -> int:
         """Give the rollout engine the actor's current weights through the run's

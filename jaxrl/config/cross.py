@@ -90,6 +90,8 @@ def validate_cross(cfg: JaxRLConfig) -> None:
             f"trainer.test_freq={t.test_freq}); set data.val_files, or trainer.val_before_train=False "
             "and trainer.test_freq=-1"
         )
+    if cfg.algorithm.dpo.enable:
+        _validate_online_dpo(cfg)
     vk = rollout.val_kwargs
     if vk.do_sample and vk.temperature <= 0:
         raise ConfigError(
@@ -99,6 +101,36 @@ def validate_cross(cfg: JaxRLConfig) -> None:
 
 
 # ------------------------------------------------------------------------------ device mesh
+def _validate_online_dpo(cfg: JaxRLConfig) -> None:
+    """``algorithm.dpo.enable``: what online DPO needs (several samples per prompt, mini-batches of whole pairs) and
+    what it replaces (the critic, the KL terms, DAPO's filter) or does not support (packed rows, token budgets,
+    multi-turn rollouts)."""
+    arr, alg = cfg.actor_rollout_ref, cfg.algorithm
+    a = arr.actor
+    why = "algorithm.dpo.enable=True"
+    if arr.rollout.n < 2:
+        raise ConfigError(f"{why} pairs the best and the worst of each prompt's samples: "
+                          f"actor_rollout_ref.rollout.n={arr.rollout.n} must be >= 2")
+    refused = [
+        (registry.needs_critic(alg.adv_estimator), f"algorithm.adv_estimator={alg.adv_estimator!r} (a critic: DPO "
+         "computes no advantages)"),
+        (a.use_kl_loss, "actor_rollout_ref.actor.use_kl_loss=True (DPO's beta is its KL term)"),
+        (alg.use_kl_in_reward, "algorithm.use_kl_in_reward=True (DPO's beta is its KL term)"),
+        (alg.filter_groups.enable, "algorithm.filter_groups.enable=True (DPO skips groups without a preference)"),
+        (arr.model.use_remove_padding, "actor_rollout_ref.model.use_remove_padding=True (pairs run on padded rows)"),
+        (a.use_dynamic_bsz, "actor_rollout_ref.actor.use_dynamic_bsz=True (pairs run on fixed micro-batches)"),
+        (arr.rollout.multi_turn.enable, "actor_rollout_ref.rollout.multi_turn.enable=True"),
+    ]
+    bad = [text for on, text in refused if on]
+    if bad:
+        raise ConfigError(f"{why} does not combine with {'; '.join(bad)}; set those keys off")
+    mini, micro = a.ppo_mini_batch_size, a.ppo_micro_batch_size_per_gpu
+    if micro is not None and mini % micro:
+        raise ConfigError(
+            f"{why}: actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro} counts pairs and must divide "
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} (pairs per update); valid: {_divisors(mini)}")
+
+
 def mesh_enabled(cfg: JaxRLConfig) -> bool:
     """True when the run trains on a device mesh: any ``trainer.mesh`` axis is set, or ``trainer.placement`` is
     ``"split"``. False = every role on one device (the single-device run)."""

@@ -170,17 +170,7 @@ def _validate_sft(cfg, c: Checks) -> None:
 def _validate_dpo(cfg, c: Checks) -> None:
     c.text("data.chosen_key")
     c.text("data.rejected_key")
-    c.choice("algorithm.dpo.loss_type", registry.PREFERENCE_LOSSES.names())
-    validate_preference_loss(cfg, c, "algorithm.dpo")
-
-
-def validate_preference_loss(cfg, c: Checks, prefix: str) -> None:
-    """``<prefix>.beta`` > 0 and ``<prefix>.label_smoothing`` in ``[0, 0.5]`` (``robust``: ``[0, 0.5)``)."""
-    c.real(f"{prefix}.beta", 0.0, lo_open=True)
-    loss = c.cfg
-    for part in prefix.split("."):
-        loss = getattr(loss, part)
-    c.real(f"{prefix}.label_smoothing", 0.0, 0.5, hi_open=loss.loss_type == "robust")
+    c.preference_loss("algorithm.dpo")
 
 
 # ------------------------------------------------------------------------------------ mesh and batch

@@ -15,50 +15,18 @@ The order of the training batches is :class:`jaxrl.data.order.EpochOrder` (verl'
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from jaxrl.batch import RLBatch
+from jaxrl.batch import PairBatch, RLBatch
 from jaxrl.data.examples import SequenceExample
 from jaxrl.data.order import EpochOrder
 
-__all__ = ["ExampleBatches", "PairBatch", "collate", "collate_pairs", "iter_batches", "sequence_width"]
+__all__ = ["ExampleBatches", "collate", "collate_pairs", "iter_batches", "sequence_width"]
 
 WIDTH_MULTIPLE = 32
-
-
-@dataclasses.dataclass
-class PairBatch:
-    """``B`` preference pairs: row ``i`` of ``chosen`` and row ``i`` of ``rejected`` answer the same prompt.
-
-    Attributes:
-      chosen, rejected: :class:`RLBatch` of ``B`` rows each, one width.
-      ref_chosen_logps, ref_rejected_logps: float32 ``[B]``, the frozen reference's sequence log-probabilities of
-        each response (filled by the trainer before the update), or None.
-    """
-
-    chosen: RLBatch
-    rejected: RLBatch
-    ref_chosen_logps: np.ndarray | None = None
-    ref_rejected_logps: np.ndarray | None = None
-
-    @property
-    def size(self) -> int:
-        return self.chosen.size
-
-    @property
-    def prompt_width(self) -> int:
-        return self.chosen.prompt_width
-
-    def both(self) -> RLBatch:
-        """Chosen rows then rejected rows as one ``[2B, ...]`` batch (one forward pass over both)."""
-        c, r = self.chosen, self.rejected
-        return RLBatch(**{f.name: (None if getattr(c, f.name) is None
-                                   else np.concatenate([getattr(c, f.name), getattr(r, f.name)]))
-                          for f in dataclasses.fields(RLBatch)})
 
 
 def sequence_width(lengths: Sequence[int], max_length: int, multiple: int = WIDTH_MULTIPLE) -> int:

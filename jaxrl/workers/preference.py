@@ -3,7 +3,7 @@ chosen / rejected pairs, on the trained role's scaffolding (:class:`jaxrl.worker
 
 A pair's two sequences go through the policy in one forward (rows ``[2m, ...]`` per micro-batch of ``m`` pairs);
 their token log-probabilities summed over each response give ``log pi(y | x)``, and the frozen reference's
-(precomputed by the caller, :class:`jaxrl.data.offline.PairBatch`'s ``ref_*_logps``) the log-ratios the loss takes.
+(precomputed by the caller, :class:`jaxrl.batch.PairBatch`'s ``ref_*_logps``) the log-ratios the loss takes.
 The step's loss is the mean over its pairs: each micro-batch adds its pairs' losses over the step's pair count, so
 accumulation is exact. Metrics use TRL's names: ``rewards/chosen`` / ``rewards/rejected`` (the implicit rewards
 ``beta x log-ratio``, means over pairs), ``rewards/accuracies`` (the fraction of pairs whose chosen reward is the
@@ -74,7 +74,7 @@ class PreferenceWorker(TrainedRole):
                                         mesh=mesh, rules=rules)
 
     def minibatch_arrays(self, pairs) -> dict[str, np.ndarray]:
-        """Per-pair arrays ``[M, 2, ...]`` (axis 1: chosen, rejected) of a :class:`~jaxrl.data.offline.PairBatch`
+        """Per-pair arrays ``[M, 2, ...]`` (axis 1: chosen, rejected) of a :class:`~jaxrl.batch.PairBatch`
         with its reference log-probabilities filled."""
         if pairs.ref_chosen_logps is None or pairs.ref_rejected_logps is None:
             raise ValueError("the DPO update needs the reference's log-probabilities (PairBatch.ref_*_logps)")
@@ -129,7 +129,7 @@ class PreferenceWorker(TrainedRole):
         pairs.ref_chosen_logps, pairs.ref_rejected_logps = both[: pairs.size], both[pairs.size:]
 
     def update(self, pairs) -> dict[str, float]:
-        """The optimizer update(s) on a :class:`~jaxrl.data.offline.PairBatch` with its reference log-probs; returns
+        """The optimizer update(s) on a :class:`~jaxrl.batch.PairBatch` with its reference log-probs; returns
         the loss and TRL's ``rewards/*`` / ``logps/*`` (means over the updates) and ``<name>/grad_norm``,
         ``<name>/nonfinite_grad``, ``<name>/lr``."""
         return self.run_updates(pairs)
