@@ -43,6 +43,7 @@ class SFTDataConfig:
     multiturn: MultiturnConfig = field(default_factory=MultiturnConfig)  # conversations section
     max_length: int = 1024  # tokens of one sequence (prompt + response / the whole conversation)
     truncation: str = "error"  # a longer sequence: "error" | "left" (keep the end) | "right" (keep the start)
+    filter_overlong: bool = False  # jaxrl: drop sequences longer than max_length (counted in the log) instead
     chat_template: Optional[str] = None  # a Jinja chat template replacing the tokenizer's; null = the tokenizer's
     shuffle: bool = True  # jaxrl: a new seeded order of the train rows every epoch
     seed: Optional[int] = None  # jaxrl: shuffle seed; null = trainer.seed
@@ -67,6 +68,7 @@ class DPODataConfig:
     rejected_key: str = "rejected"
     max_length: int = 1024  # tokens of one sequence (prompt + chosen, prompt + rejected)
     truncation: str = "error"  # a longer sequence: "error" | "left" (keep the end) | "right" (keep the start)
+    filter_overlong: bool = False  # drop pairs with a sequence longer than max_length (counted) instead
     chat_template: Optional[str] = None  # a Jinja chat template replacing the tokenizer's; null = the tokenizer's
     shuffle: bool = True  # a new seeded order of the train pairs every epoch
     seed: Optional[int] = None  # shuffle seed; null = trainer.seed

@@ -9,16 +9,19 @@ Used by :mod:`jaxrl.data.sft` and :mod:`jaxrl.data.preference`. No jax import.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from jaxrl.data.sources import DataFileError
+from jaxrl.data.sources import SPLIT_KEYS, DataFileError
+
+log = logging.getLogger(__name__)
 
 __all__ = ["SequenceExample", "check_messages", "conversation_example", "encode_text", "eos_id", "fit_length",
-           "has_chat_template", "prompt_completion", "render_chat"]
+           "has_chat_template", "kept_after_filter", "prompt_completion", "render_chat"]
 
 
 @dataclass(frozen=True)
@@ -170,3 +173,18 @@ def fit_length(example: SequenceExample, max_length: int, truncation: str, where
     mask = example.loss_mask[keep].copy()
     mask[:1] = 0
     return SequenceExample(example.ids[keep], mask)
+
+
+def kept_after_filter(kept: list, dropped: int, total: int, max_length: int, split: str) -> list:
+    """``kept`` after ``data.filter_overlong`` dropped ``dropped`` of ``total`` rows (logged).
+
+    Raises:
+      DataFileError: every row was dropped (names the split, the count and the limit).
+    """
+    if dropped:
+        log.info("%s: left out %d of %d rows longer than data.max_length=%d tokens (data.filter_overlong=true)",
+                 SPLIT_KEYS[split], dropped, total, max_length)
+    if not kept:
+        raise DataFileError(f"{SPLIT_KEYS[split]}: all {total} rows are longer than data.max_length={max_length} "
+                            "tokens and data.filter_overlong=true left none; raise data.max_length")
+    return kept

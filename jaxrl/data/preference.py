@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxrl.data.examples import (SequenceExample, check_messages, encode_text, eos_id, fit_length,
-                                 has_chat_template, prompt_completion)
+                                 has_chat_template, kept_after_filter, prompt_completion)
 from jaxrl.data.sources import SPLIT_KEYS, DataFileError, LoadedRows
 
 __all__ = ["build_preference_examples", "preference_example", "preference_row_check", "split_prompt"]
@@ -107,15 +107,19 @@ def preference_example(row: dict, tokenizer: Any, d, where: str) -> tuple[Sequen
 
 def build_preference_examples(loaded: LoadedRows, tokenizer: Any, d,
                               split: str) -> list[tuple[SequenceExample, SequenceExample]]:
-    """Every row of a split as a ``(chosen, rejected)`` pair of sequences of at most ``data.max_length`` tokens.
+    """Every row of a split as a ``(chosen, rejected)`` pair of sequences of at most ``data.max_length`` tokens
+    (``data.truncation``; with ``data.filter_overlong`` pairs with a longer sequence are left out and counted).
 
     Raises:
       DataFileError: an overlong sequence with ``truncation="error"``, chat rows the template cannot split (each
         names the split's key, the file and the line).
     """
-    out = []
+    out, dropped = [], 0
     for row, origin in zip(loaded.rows, loaded.origins, strict=True):
         where = f"{SPLIT_KEYS[split]} {origin}"
         c, r = preference_example(row, tokenizer, d, where)
+        if d.filter_overlong and max(len(c), len(r)) > d.max_length:
+            dropped += 1
+            continue
         out.append((fit_length(c, d.max_length, d.truncation, where), fit_length(r, d.max_length, d.truncation, where)))
-    return out
+    return kept_after_filter(out, dropped, len(loaded.rows), d.max_length, split)

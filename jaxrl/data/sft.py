@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxrl.data.examples import (SequenceExample, check_messages, conversation_example, encode_text, eos_id,
-                                 fit_length, has_chat_template, render_chat)
+                                 fit_length, has_chat_template, kept_after_filter, render_chat)
 from jaxrl.data.sources import SPLIT_KEYS, DataFileError, LoadedRows
 
 __all__ = ["build_sft_examples", "nested_value", "sft_example", "sft_row_check"]
@@ -89,7 +89,8 @@ def sft_example(row: dict, tokenizer: Any, d, where: str) -> SequenceExample:
 
 
 def build_sft_examples(loaded: LoadedRows, tokenizer: Any, d, split: str) -> list[SequenceExample]:
-    """Every row of a split as a sequence of at most ``data.max_length`` tokens (``data.truncation``).
+    """Every row of a split as a sequence of at most ``data.max_length`` tokens (``data.truncation``; with
+    ``data.filter_overlong`` longer ones are left out and counted in the log).
 
     Args:
       loaded: the split's rows and their ``file:line`` origins.
@@ -101,8 +102,12 @@ def build_sft_examples(loaded: LoadedRows, tokenizer: Any, d, split: str) -> lis
       DataFileError: an overlong sequence with ``truncation="error"``, a conversation the template cannot split
         (each names the split's key, the file and the line).
     """
-    out = []
+    out, dropped = [], 0
     for row, origin in zip(loaded.rows, loaded.origins, strict=True):
         where = f"{SPLIT_KEYS[split]} {origin}"
-        out.append(fit_length(sft_example(row, tokenizer, d, where), d.max_length, d.truncation, where))
-    return out
+        example = sft_example(row, tokenizer, d, where)
+        if d.filter_overlong and len(example) > d.max_length:
+            dropped += 1
+            continue
+        out.append(fit_length(example, d.max_length, d.truncation, where))
+    return kept_after_filter(out, dropped, len(loaded.rows), d.max_length, split)
