@@ -292,22 +292,12 @@ def _build_actor_and_reference(cfg, graphdef, params, total_training_steps, plac
 
 
 def dpo_plan(cfg, placement):
-    """Online DPO's batch sizes, in pairs: ``ppo_mini_batch_size`` pairs per update (each prompt gives at most one),
-    ``ppo_micro_batch_size_per_gpu`` pairs per device per micro-batch; the no-grad forward keeps the rollout's
-    log-prob micro-batch (rows)."""
+    """Online DPO's batch sizes on the placement's data-parallel devices
+    (:func:`jaxrl.config.batch_plan.online_dpo_plan`), checked."""
     from jaxrl.config import ConfigError
-    from jaxrl.config.batch_plan import RolePlan
+    from jaxrl.config.batch_plan import online_dpo_plan
 
-    a, arr = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref
-    rows = cfg.data.train_batch_size * arr.rollout.n
-    plan = RolePlan.derive(
-        "actor_rollout_ref.actor", rollout_n=1, rows_per_step=cfg.data.train_batch_size,
-        mini_batch_size=a.ppo_mini_batch_size, micro_batch_size_per_gpu=a.ppo_micro_batch_size_per_gpu,
-        forward_key="actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-        forward_per_gpu=arr.rollout.log_prob_micro_batch_size_per_gpu, forward_fallback=rows, ppo_epochs=a.ppo_epochs,
-        batch_shards=1 if placement is None else placement.batch_shards,
-        mini_batch_key="actor_rollout_ref.actor.ppo_mini_batch_size (pairs)",
-    )
+    plan = online_dpo_plan(cfg, batch_shards=1 if placement is None else placement.batch_shards)
     try:
         plan.check()
     except ValueError as e:  # sizes that do not split over the train mesh's data-parallel devices

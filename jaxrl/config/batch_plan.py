@@ -27,7 +27,7 @@ import dataclasses
 import math
 from typing import NamedTuple, Optional
 
-__all__ = ["BatchPlan", "MicroBatch", "RolePlan", "micro_rows", "token_budgets"]
+__all__ = ["BatchPlan", "MicroBatch", "RolePlan", "micro_rows", "online_dpo_plan", "token_budgets"]
 
 
 def micro_rows(per_gpu: Optional[int], fallback: int, batch_shards: int = 1) -> int:
@@ -364,3 +364,18 @@ class BatchPlan:
                     MicroBatch(c.forward_key, c.forward_per_gpu, c.forward_rows,
                                f"the critic's update micro-batch ({c.micro_key})")]
         return [mb for mb in out if mb.key not in unused]
+
+
+def online_dpo_plan(cfg, *, batch_shards: int = 1) -> RolePlan:
+    """Online DPO's actor plan (``algorithm.dpo.enable``), in pairs: ``ppo_mini_batch_size`` pairs per update (a
+    prompt gives at most one pair), ``ppo_micro_batch_size_per_gpu`` pairs per data-parallel device per micro-batch
+    (each pair is two sequences); the no-grad forward keeps the rollout's log-prob micro-batch (rows)."""
+    a, arr = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref
+    rows = int(cfg.data.train_batch_size) * int(arr.rollout.n)
+    return RolePlan.derive(
+        "actor_rollout_ref.actor", rollout_n=1, rows_per_step=cfg.data.train_batch_size,
+        mini_batch_size=a.ppo_mini_batch_size, micro_batch_size_per_gpu=a.ppo_micro_batch_size_per_gpu,
+        forward_key="actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+        forward_per_gpu=arr.rollout.log_prob_micro_batch_size_per_gpu, forward_fallback=rows, ppo_epochs=a.ppo_epochs,
+        batch_shards=batch_shards, mini_batch_key="actor_rollout_ref.actor.ppo_mini_batch_size (pairs)",
+    )

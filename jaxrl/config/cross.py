@@ -13,7 +13,7 @@ from typing import Any, Iterable, Optional
 
 from jaxrl.algorithms import registry
 from jaxrl.config import compat, schema
-from jaxrl.config.batch_plan import BatchPlan, RolePlan, token_budgets
+from jaxrl.config.batch_plan import BatchPlan, RolePlan, online_dpo_plan, token_budgets
 from jaxrl.config.checks import Checks, get, is_int
 from jaxrl.config.errors import ConfigError
 from jaxrl.config.schema import JaxRLConfig
@@ -50,7 +50,8 @@ def validate_cross(cfg: JaxRLConfig) -> None:
             f"data.train_batch_size={d.train_batch_size} x actor_rollout_ref.rollout.n={n} = "
             f"{plan.rows_per_step} responses must split evenly over {world_s} = {world} devices"
         )
-    _check_mini_batches(cfg, plan.actor)
+    if not cfg.algorithm.dpo.enable:  # online DPO's actor counts pairs: _validate_online_dpo
+        _check_mini_batches(cfg, plan.actor)
     if registry.needs_critic(cfg.algorithm.adv_estimator):
         _check_mini_batches(cfg, plan.critic)
     if d.gen_batch_size != d.train_batch_size:
@@ -190,8 +191,11 @@ def check_mesh_batch_sizes(cfg: JaxRLConfig, sizes: dict[str, int]) -> None:
     plan = BatchPlan.from_config(cfg, batch_shards=shards)
     dp_s = f"{shards} data-parallel devices (trainer.mesh " + " x ".join(f"{a}={sizes[a]}" for a in axes) + ")"
     n = plan.rollout_n
-    for role in [plan.actor] + ([plan.critic] if critic else []):
-        mini_s = (f"{role.section}.ppo_mini_batch_size={role.mini_batch_size} x actor_rollout_ref.rollout.n={n} = "
+    dpo = cfg.algorithm.dpo.enable
+    actor = online_dpo_plan(cfg, batch_shards=shards) if dpo else plan.actor
+    for role in [actor] + ([plan.critic] if critic else []):
+        mini_s = (f"{role.section}.ppo_mini_batch_size={role.mini_batch_size} pairs" if role is actor and dpo else
+                  f"{role.section}.ppo_mini_batch_size={role.mini_batch_size} x actor_rollout_ref.rollout.n={n} = "
                   f"{role.mini_batch_rows} responses")
         if role.mini_batch_rows % shards:
             raise ConfigError(
