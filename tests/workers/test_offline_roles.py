@@ -166,3 +166,51 @@ def test_updates_lower_the_loss_and_state_round_trips(models):
     nll, tokens = worker.nll(batch)
     assert other.nll(batch) == pytest.approx((nll, tokens))
     assert nll / tokens == pytest.approx(last, rel=0.2)  # the validation NLL is the same quantity
+
+
+def test_on_a_mesh_the_roles_compute_what_one_device_computes():
+    """data 2 x fsdp 2 (of the 8 simulated devices): the SFT update, the DPO update and the reference log-probs
+    equal the single-device ones (fp32 summation order aside)."""
+    import jax.numpy as jnp
+
+    from jaxrl.models.decoder import Decoder
+    from sharding import DEFAULT_RULES, make_mesh
+    from tests.helpers import tiny_model_config
+
+    cfg = tiny_model_config("llama")
+    graphdef, state = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(lambda x: jnp.asarray(0.3 * rng.normal(size=x.shape), jnp.float32), state)
+    mesh = make_mesh(2, 2, 1, devices=jax.devices()[:4])
+    optim = optim_view(OfflineOptimConfig(lr=1e-3, eps=1e-3, lr_warmup_steps_ratio=0.0, lr_scheduler="constant"))
+
+    def examples(n, seed):
+        g = np.random.default_rng(seed)
+        return [SequenceExample.of([1] + g.integers(3, 64, int(g.integers(1, 5))).tolist(),
+                                   g.integers(3, 64, int(g.integers(2, 9))).tolist()) for _ in range(n)]
+
+    def plan(shards):
+        return RolePlan.derive("data", rollout_n=1, rows_per_step=8, mini_batch_size=8, micro_batch_size_per_gpu=2,
+                               forward_key="data.micro_batch_size_per_gpu", forward_per_gpu=2, batch_shards=shards)
+
+    batch = collate(examples(8, 1), 16)
+    out = {}
+    for name, kw in (("one", {}), ("mesh", {"mesh": mesh, "rules": DEFAULT_RULES})):
+        shards = 1 if not kw else 4
+        sft = SFTWorker(graphdef, jax.tree.map(jnp.copy, params), plan=plan(shards), optim=optim, grad_clip=1.0,
+                        total_training_steps=2, **kw)
+        dpo = PreferenceWorker(graphdef, jax.tree.map(jnp.copy, params), PreferenceLossConfig(beta=0.5),
+                               plan=plan(shards), optim=optim, grad_clip=1.0, temperature=1.0, total_training_steps=2,
+                               **kw)
+        p = collate_pairs(list(zip(examples(8, 2), examples(8, 3))), 16)
+        ref = jax.tree.map(lambda x: x * 0.9, params)
+        dpo.reference_logps(ref, p)
+        out[name] = (sft.update(batch), dpo.update(p), p.ref_chosen_logps,
+                     jax.tree.leaves(sft.params)[0], jax.tree.leaves(dpo.params)[0])
+    for a, b in zip(out["one"][:2], out["mesh"][:2]):
+        assert set(a) == set(b)
+        for k in a:
+            assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-5), k
+    for a, b in zip(out["one"][2:], out["mesh"][2:]):  # the reference log-probs, the updated params
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6)
+    assert not np.allclose(np.asarray(out["one"][3]), np.asarray(jax.tree.leaves(params)[0]))  # the params moved
