@@ -294,7 +294,6 @@ class NonFiniteTrainingError(RuntimeError):
     """Too many consecutive steps had a non-finite loss or gradient (``trainer.max_nonfinite_steps``)."""
 
 
-@contextlib.contextmanager
 def compute_advantages(algorithm_cfg, batch: RLBatch) -> tuple[np.ndarray, np.ndarray]:
     """The configured estimator's advantages and returns, as the ``adv`` phase computes them.
 
@@ -325,6 +324,7 @@ def compute_advantages(algorithm_cfg, batch: RLBatch) -> tuple[np.ndarray, np.nd
     return np.asarray(adv, np.float32), np.asarray(ret, np.float32)
 
 
+@contextlib.contextmanager
 def _sigterm_flag():
     """A ``threading.Event`` set by SIGTERM while the block runs (main thread only; elsewhere never set)."""
     stop = threading.Event()
