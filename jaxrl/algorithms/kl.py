@@ -126,7 +126,9 @@ def kl_penalty(
             )
         old_log_prob = jnp.asarray(old_log_prob)
         if old_log_prob.shape != log_prob.shape:
-            raise ValueError(f"old_log_prob {old_log_prob.shape} and log_prob {log_prob.shape} must have the same shape")
+            raise ValueError(
+                f"old_log_prob {old_log_prob.shape} and log_prob {log_prob.shape} must have the same shape"
+            )
         old_log_prob = jax.lax.stop_gradient(old_log_prob.astype(dtype))
         ratio = jnp.exp(jnp.clip(log_prob - old_log_prob, -20.0, 20.0))
         return ratio * _forward(log_prob, ref_log_prob, "k3")
