@@ -160,19 +160,8 @@ class Trainer(TrainingLoop):
         return np.asarray(rewards, np.float32)
 
     def _advantages(self, batch: RLBatch) -> tuple[np.ndarray, np.ndarray]:
-        """The estimator's advantages and returns ``[N, R]``: it gets exactly the options its registry entry
-        declares (from ``algorithm.*``) and the batch arrays it reads (``values``, ``reward_baselines``), by name."""
-        from jaxrl.algorithms.registry import ADV_ESTIMATORS
-
-        alg = self.c.cfg.algorithm
-        entry = ADV_ESTIMATORS.entry(alg.adv_estimator)
-        options = {name: getattr(alg, name) for name in entry.options}
-        inputs = {name: getattr(batch, name) for name in entry.inputs}
-        adv, ret = entry.load()(
-            batch.token_level_rewards, batch.response_mask.astype(np.float32), batch.group_ids.astype(np.int32),
-            **options, **inputs,
-        )
-        return np.asarray(adv, np.float32), np.asarray(ret, np.float32)
+        """The estimator's advantages and returns ``[N, R]`` (:func:`compute_advantages`)."""
+        return compute_advantages(self.c.cfg.algorithm, batch)
 
     # -- validation ------------------------------------------------------------------------------------------
 
@@ -255,6 +244,36 @@ class Trainer(TrainingLoop):
         self.c.logger.truncate_after(resumed.step)  # steps logged after this checkpoint will be logged again
         log.info("resumed from %s at step %d", resumed.path, resumed.step)
         return True
+
+
+def compute_advantages(algorithm_cfg, batch: RLBatch) -> tuple[np.ndarray, np.ndarray]:
+    """The configured estimator's advantages and returns, as the ``adv`` phase computes them.
+
+    The estimator named by ``algorithm.adv_estimator`` gets exactly the options its registry entry declares (from
+    ``algorithm.*``, e.g. ``norm_adv_by_std_in_grpo``, ``adv_std_epsilon``) and the batch arrays it reads
+    (``values``, ``reward_baselines``), by name.
+
+    Args:
+      algorithm_cfg: the ``algorithm`` config section (:class:`jaxrl.config.schema.AlgorithmConfig`).
+      batch: needs ``token_level_rewards`` ``[N, R]``, ``response_mask``, ``group_ids`` ``[N]`` and the arrays the
+        estimator reads.
+
+    Returns:
+      ``(advantages, returns)``, float32 ``[N, R]`` each.
+
+    Raises:
+      ValueError: an unknown estimator (the message lists the registered ones) or what the estimator raises.
+    """
+    from jaxrl.algorithms.registry import ADV_ESTIMATORS
+
+    entry = ADV_ESTIMATORS.entry(algorithm_cfg.adv_estimator)
+    options = {name: getattr(algorithm_cfg, name) for name in entry.options}
+    inputs = {name: getattr(batch, name) for name in entry.inputs}
+    adv, ret = entry.load()(
+        batch.token_level_rewards, batch.response_mask.astype(np.float32), batch.group_ids.astype(np.int32),
+        **options, **inputs,
+    )
+    return np.asarray(adv, np.float32), np.asarray(ret, np.float32)
 
 
 def run_training(cfg) -> dict[str, float]:

@@ -16,7 +16,7 @@ The batch is built so the closed forms are simple:
   ``ppo_epochs=2`` so their second update sees a policy that moved away from the reference.
 
 All runs share a persistent XLA compilation cache (one per module, restored afterwards), so only the programs an
-option changes are compiled again. 21 catalogue runs + 2 PPO runs, about 4-6 minutes on 2 cores: marked slow.
+option changes are compiled again. 23 catalogue runs + 2 PPO runs, about 4-6 minutes on 2 cores: marked slow.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ RUNS = {
     # estimators (vanilla loss)
     "grpo": [],
     "drgrpo": ["algorithm.norm_adv_by_std_in_grpo=false"],
+    "grpo_eps": ["algorithm.adv_std_epsilon=1.0"],
     "rloo": ["algorithm.adv_estimator=rloo"],
     "rf++": ["algorithm.adv_estimator=reinforce_plus_plus"],
     "rf++b": ["algorithm.adv_estimator=reinforce_plus_plus_baseline"],
@@ -77,6 +78,7 @@ RUNS = {
     "kl_none": KL_BASE,
     "kl_k3": KL_BASE + [f"{A}.use_kl_loss=true", f"{A}.kl_loss_type=low_var_kl"],
     "kl_k3+": KL_BASE + [f"{A}.use_kl_loss=true", f"{A}.kl_loss_type=low_var_kl+"],
+    "kl_k3_is": KL_BASE + [f"{A}.use_kl_loss=true", f"{A}.kl_loss_type=low_var_kl_is"],
     "kl_full": KL_BASE + [f"{A}.use_kl_loss=true", f"{A}.kl_loss_type=full"],
     "kl_k1": KL_BASE + [f"{A}.use_kl_loss=true", f"{A}.kl_loss_type=k1"],
     # KL in the reward with the adaptive controller: two steps
@@ -194,6 +196,15 @@ def test_dr_grpo_does_not_divide_by_the_std(runs):
     assert differs(d["critic/advantages/max"], g["critic/advantages/max"])
     assert differs(d["critic/advantages/mean"], g["critic/advantages/mean"])
     assert d["critic/advantages/max"] > 0 and d["critic/advantages/min"] < 0
+
+
+def test_grpo_std_epsilon_reaches_the_estimator(runs):
+    d, e = step1(runs, "drgrpo"), step1(runs, "grpo_eps")
+    # A = (s - mean) / (std + eps) = +-(g / 2) / (g / sqrt(2) + eps) for a group gap g, largest at the largest gap,
+    # whose Dr. GRPO advantage is m = g / 2: A_max = m / (sqrt(2) m + eps), with eps = algorithm.adv_std_epsilon = 1.
+    m = d["critic/advantages/max"]
+    assert e["critic/advantages/max"] == pytest.approx(m / (math.sqrt(2) * m + 1.0), rel=1e-5)
+    assert e["critic/advantages/max"] < 0.99 / math.sqrt(2)  # not GRPO's +-1/sqrt(2) at eps = 1e-6
 
 
 def test_rloo_is_leave_one_out(runs):
@@ -338,6 +349,18 @@ def test_straight_through_kl_keeps_the_value_and_changes_the_gradient(runs):
     # low_var_kl+: the value is k3's, the gradient k2's (d log pi instead of (1 - pi_ref/pi) log pi).
     assert st["actor/kl_loss"] == pytest.approx(k3["actor/kl_loss"], rel=1e-5)
     assert differs(st["actor/grad_norm"], k3["actor/grad_norm"])
+
+
+def test_importance_weighted_kl_reaches_the_loss(runs):
+    none, k3, st, iw = (step1(runs, n) for n in ("kl_none", "kl_k3", "kl_k3+", "kl_k3_is"))
+    # First update at pi = pi_old = pi_ref: d = 0, no KL gradient, so the second starts from the same params as
+    # without KL and pg_loss is the same.
+    assert iw["actor/pg_loss"] == pytest.approx(none["actor/pg_loss"], rel=1e-4)
+    # Second update off-policy (pi_old = pi_ref at step 1): the value is k3 x pi / pi_old, not k3, and the gradient
+    # (pi / pi_old) d, neither k3's (1 - pi_ref / pi) nor k3+'s d.
+    assert iw["actor/kl_loss"] > 1e-5 and differs(iw["actor/kl_loss"], k3["actor/kl_loss"])
+    assert differs(iw["actor/grad_norm"], st["actor/grad_norm"])
+    assert differs(iw["actor/grad_norm"], k3["actor/grad_norm"])
 
 
 def test_full_kl_is_the_exact_kl_over_the_vocabulary(runs):

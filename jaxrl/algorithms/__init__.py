@@ -9,8 +9,9 @@
 - ``policy_loss``: policy-gradient losses (``"vanilla"`` PPO-clip / clip-higher / dual clip,
   ``"gspo"``, ``"cispo"``, ``"gpg"``) and ``tis_weights`` (truncated importance sampling for the
   rollout/trainer mismatch); ``cov_losses``: ``"clip_cov"``, ``"kl_cov"``.
-- ``kl``: per-token KL estimators (k1/abs/k2/k3), their straight-through ``"+"`` variants, and the
-  exact full-vocabulary KL (``kl_full``).
+- ``kl``: per-token KL estimators (k1/abs/k2/k3), their straight-through ``"+"`` variants, the
+  importance-weighted k3 (``"low_var_kl_is"``, DeepSeek-V3.2 / TRL) and the exact full-vocabulary
+  KL (``kl_full``).
 - ``kl_control``: fixed / adaptive KL coefficient controllers (pure, checkpointable) and the
   in-reward KL penalty ``apply_kl_penalty``.
 - ``value``: clipped critic loss and explained variance.
@@ -43,7 +44,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {  # module -> the names it exports here
         "LOSS_AGG_MODES", "agg_loss", "check_loss_agg_mode", "masked_mean", "masked_sum",
     ),
     "kl": (
-        "KL_PENALTIES", "KL_PENALTIES_STRAIGHT_THROUGH", "KL_PENALTY_FULL", "kl_full", "kl_penalty",
+        "KL_PENALTIES", "KL_PENALTIES_IMPORTANCE_WEIGHTED", "KL_PENALTIES_STRAIGHT_THROUGH", "KL_PENALTY_FULL",
+        "kl_full", "kl_penalty",
     ),
     "kl_control": (
         "KL_CTRL_TYPES", "AdaptiveKLController", "FixedKLController", "KLController", "apply_kl_penalty",

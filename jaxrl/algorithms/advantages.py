@@ -7,11 +7,12 @@ Every estimator has the signature::
 
 ``group_ids[i]`` is the prompt group of row ``i`` (the responses sampled for the same prompt share
 an id; verl's ``index``/``uid``), an integer in ``[0, B)``. Each estimator takes only the keyword
-options it uses, named as in verl: ``norm_adv_by_std_in_grpo``, ``epsilon``, ``gamma``, ``lam``,
-``f_norm`` (scalars; bools must be static under ``jax.jit``) and ``values`` [B, R],
-``reward_baselines`` [B] (arrays, traced). Which of them the trainer passes from the config is
-declared in :mod:`jaxrl.algorithms.registry` (the names, options and batch inputs of every estimator;
-``epsilon`` and ``f_norm`` keep their defaults).
+options it uses, named as in verl: ``norm_adv_by_std_in_grpo``, ``gamma``, ``lam``, ``f_norm``
+(scalars; bools must be static under ``jax.jit``) and ``values`` [B, R], ``reward_baselines`` [B]
+(arrays, traced); ``adv_std_epsilon`` (the std epsilon of ``grpo`` / ``grpo_passk``) is verl's
+``epsilon`` under the name of its config key (verl has no key for it). Which of them the trainer
+passes from the config is declared in :mod:`jaxrl.algorithms.registry` (the names, options and
+batch inputs of every estimator; ``f_norm`` keeps its default).
 
 Estimators: ``grpo``, ``gae``, ``rloo``, ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``,
 ``remax``, ``grpo_passk``, ``opo``, ``gpg``. They are pure and ``jax.jit``-able with static ``B``;
@@ -76,12 +77,12 @@ def compute_grpo_outcome_advantage(
     group_ids: jax.Array,
     *,
     norm_adv_by_std_in_grpo: bool = True,
-    epsilon: float = 1e-6,
+    adv_std_epsilon: float = 1e-6,
 ) -> tuple[jax.Array, jax.Array]:
     """GRPO outcome advantage: the response's score standardised within its prompt group.
 
     ``score_i = sum_t token_level_rewards[i, t]`` (over all positions, as verl; rewards at masked
-    positions are expected to be 0). Then ``A_i = (score_i - mean_g) / (std_g + epsilon)`` with the
+    positions are expected to be 0). Then ``A_i = (score_i - mean_g) / (std_g + adv_std_epsilon)`` with the
     group's mean and *unbiased* std (``torch.std`` in verl, i.e. ``ddof=1``), or
     ``A_i = score_i - mean_g`` when ``norm_adv_by_std_in_grpo=False`` (Dr. GRPO, arXiv 2503.20783).
     A group of size 1 uses mean 0, std 1 (verl's convention); a group whose scores are all equal
@@ -96,7 +97,8 @@ def compute_grpo_outcome_advantage(
       response_mask: ``[B, R]`` 0/1 mask of valid response tokens.
       group_ids: ``[B]`` int32 group ids in ``[0, B)``; need not be contiguous.
       norm_adv_by_std_in_grpo: divide by the group std (GRPO) or not (Dr. GRPO). Static.
-      epsilon: added to the std before dividing.
+      adv_std_epsilon: added to the std before dividing (``algorithm.adv_std_epsilon``; verl's ``epsilon``,
+        1e-6; TRL's ``GRPOTrainer`` adds 1e-4).
 
     Returns:
       ``(advantages [B, R], returns [B, R])`` in the rewards' dtype; both are the same array, as in verl.
@@ -109,7 +111,7 @@ def compute_grpo_outcome_advantage(
     mean, std, _ = group_mean_std(scores, gids)
     adv = scores - mean
     if norm_adv_by_std_in_grpo:
-        adv = adv / (std + epsilon)
+        adv = adv / (std + adv_std_epsilon)
     advantages = adv[:, None] * mask
     return advantages, advantages
 
@@ -384,11 +386,11 @@ def compute_grpo_passk_outcome_advantage(
     group_ids: jax.Array,
     *,
     norm_adv_by_std_in_grpo: bool = True,
-    epsilon: float = 1e-6,
+    adv_std_epsilon: float = 1e-6,
 ) -> tuple[jax.Array, jax.Array]:
     """Pass@k advantage: only the best response of each group gets a non-zero advantage.
 
-    For each group: ``A_best = r_max - r_second_max`` (divided by ``std_g + epsilon``, the group's
+    For each group: ``A_best = r_max - r_second_max`` (divided by ``std_g + adv_std_epsilon``, the group's
     unbiased std, when ``norm_adv_by_std_in_grpo``); every other response gets 0. When the maximum
     is shared the advantage is 0 whichever row is "best" (the lowest row index is used). Broadcast
     over the response and masked.
@@ -401,7 +403,7 @@ def compute_grpo_passk_outcome_advantage(
       response_mask: ``[B, R]`` 0/1 mask.
       group_ids: ``[B]`` int32 group ids in ``[0, B)``; every group needs >= 2 responses.
       norm_adv_by_std_in_grpo: divide by the group std. Static.
-      epsilon: added to the std.
+      adv_std_epsilon: added to the std (``algorithm.adv_std_epsilon``; verl's ``epsilon``).
 
     Returns:
       ``(advantages, returns)``, the same ``[B, R]`` array twice.
@@ -428,7 +430,7 @@ def compute_grpo_passk_outcome_advantage(
     second = jax.ops.segment_max(jnp.where(is_best, -jnp.inf, scores), gids, num_segments=num)[gids]
     adv = jnp.where(is_best & (count > 1.0), group_max - second, 0.0)
     if norm_adv_by_std_in_grpo:
-        adv = adv / (std + epsilon)
+        adv = adv / (std + adv_std_epsilon)
     advantages = adv.astype(rewards.dtype)[:, None] * mask
     return advantages, advantages
 

@@ -5,6 +5,9 @@
   estimator with the gradient of k2.
 - ``"full"`` (``KL_PENALTY_FULL``): the exact KL over the vocabulary, ``kl_full``, from full
   ``[B, R, V]`` log-prob distributions.
+- Importance-weighted k3 (``KL_PENALTIES_IMPORTANCE_WEIGHTED``, ``"low_var_kl_is"`` / ``"k3_is"``):
+  k3 times the differentiable ratio pi / pi_old (DeepSeek-V3.2; TRL's ``use_bias_correction_kl``),
+  a KL *loss* only: it needs the behaviour policy's log-probs.
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ KL_PENALTIES_STRAIGHT_THROUGH: tuple[str, ...] = tuple(name + "+" for name in KL
 KL_PENALTY_FULL = "full"
 """Exact KL over the vocabulary; needs ``[batch, resp_len, vocab]`` log-prob distributions."""
 
-_PER_TOKEN = KL_PENALTIES + KL_PENALTIES_STRAIGHT_THROUGH
+KL_PENALTIES_IMPORTANCE_WEIGHTED: tuple[str, ...] = ("low_var_kl_is", "k3_is")
+"""k3 x exp(log_prob - old_log_prob), the ratio differentiated: needs ``old_log_prob``."""
+
+_PER_TOKEN = KL_PENALTIES + KL_PENALTIES_STRAIGHT_THROUGH + KL_PENALTIES_IMPORTANCE_WEIGHTED
 
 
 def _forward(log_prob: jax.Array, ref_log_prob: jax.Array, name: str) -> jax.Array:
@@ -37,7 +43,9 @@ def _forward(log_prob: jax.Array, ref_log_prob: jax.Array, name: str) -> jax.Arr
     return jnp.clip(jnp.exp(log_ratio) - log_ratio - 1.0, -10.0, 10.0)
 
 
-def kl_penalty(log_prob: jax.Array, ref_log_prob: jax.Array, kl_penalty: str) -> jax.Array:
+def kl_penalty(
+    log_prob: jax.Array, ref_log_prob: jax.Array, kl_penalty: str, *, old_log_prob: jax.Array | None = None
+) -> jax.Array:
     """Per-token estimate of KL(pi || pi_ref) from the sampled tokens' log-probabilities.
 
     With ``d = log_prob - ref_log_prob`` (log pi(a) - log pi_ref(a), ``a`` sampled from pi):
@@ -54,16 +62,32 @@ def kl_penalty(log_prob: jax.Array, ref_log_prob: jax.Array, kl_penalty: str) ->
       KL loss. ``"k2+"``/``"mse+"`` equal ``"k2"``.
     - ``"full"``: the exact KL over the vocabulary; requires ``[batch, resp_len, vocab]`` inputs and
       dispatches to ``kl_full`` (see there for how the trainer must call it).
+    - ``"low_var_kl_is"`` / ``"k3_is"``: importance-weighted k3, ``ratio * k3`` with
+      ``ratio = exp(log_prob - old_log_prob)`` (log-ratio clamped to [-20, 20] as in the policy
+      loss; ``old_log_prob`` under ``stop_gradient``, the ratio itself differentiated) and k3 as
+      ``"low_var_kl"`` above. The tokens were sampled from pi_old, so ``E_old[ratio * k3] = E_pi[k3]``
+      (an unbiased value) and the gradient with respect to ``log_prob`` is ``ratio * d`` (``d/dx`` of
+      ``e^(x-o) * (e^(r-x) - (r-x) - 1)`` is ``e^(x-o) * (x - r)``): the importance-weighted
+      score-function gradient of KL(pi || pi_ref), unbiased also off-policy (``ppo_epochs > 1``,
+      several mini-batches), where k3's and k3+'s are not. On-policy (ratio 1) the gradient equals
+      ``"low_var_kl+"``'s, ``d``. Where a clamp binds, the value and gradient are the clamped ones.
 
-    Source: J. Schulman, "Approximating KL Divergence" (2020), http://joschu.net/blog/kl-approx.html;
-    names, clamps and the ``"+"`` straight-through trick follow verl ``core_algos.kl_penalty``.
+    Sources: J. Schulman, "Approximating KL Divergence" (2020), http://joschu.net/blog/kl-approx.html;
+    names, clamps and the ``"+"`` straight-through trick follow verl ``core_algos.kl_penalty``. The
+    importance-weighted k3 is DeepSeek-V3.2's unbiased KL estimate (arXiv 2512.02556, section 3.1, Eq. 7)
+    as TRL computes it: ``GRPOTrainer._compute_loss``, ``per_token_kl = per_token_kl * coef_1`` under
+    ``use_bias_correction_kl`` (default ``True`` in TRL 1.16; TRL clamps neither k3 nor the ratio: equal
+    to this one where ``|log(pi_ref / pi)| <= 20``, ``k3 <= 10`` and ``|log(pi / pi_old)| <= 20``).
 
     Args:
       log_prob: ``[batch, resp_len]`` float log-probs under the current policy (nats);
         ``[batch, resp_len, vocab]`` log-prob distributions for ``"full"``.
       ref_log_prob: same shape, under the reference policy.
-      kl_penalty: estimator name, one of ``KL_PENALTIES``, ``KL_PENALTIES_STRAIGHT_THROUGH`` or
-        ``"full"`` (static under ``jax.jit``).
+      kl_penalty: estimator name, one of ``KL_PENALTIES``, ``KL_PENALTIES_STRAIGHT_THROUGH``,
+        ``KL_PENALTIES_IMPORTANCE_WEIGHTED`` or ``"full"`` (static under ``jax.jit``).
+      old_log_prob: ``[batch, resp_len]`` log-probs under the behaviour policy pi_old that sampled
+        the tokens (the policy loss's ``old_log_prob``); required by the importance-weighted
+        estimators, ignored by the others.
 
     Returns:
       ``[batch, resp_len]`` per-token KL estimate (nats), dtype at least float32. Not masked:
@@ -71,7 +95,8 @@ def kl_penalty(log_prob: jax.Array, ref_log_prob: jax.Array, kl_penalty: str) ->
 
     Raises:
       ValueError: unknown estimator name (the message lists the valid ones), ``"full"`` with
-        ``[batch, resp_len]`` inputs, or mismatched shapes.
+        ``[batch, resp_len]`` inputs, an importance-weighted estimator without ``old_log_prob``,
+        or mismatched shapes.
     """
     log_prob = jnp.asarray(log_prob)
     ref_log_prob = jnp.asarray(ref_log_prob)
@@ -92,6 +117,21 @@ def kl_penalty(log_prob: jax.Array, ref_log_prob: jax.Array, kl_penalty: str) ->
     dtype = jnp.promote_types(jnp.promote_types(log_prob.dtype, ref_log_prob.dtype), jnp.float32)
     log_prob = log_prob.astype(dtype)
     ref_log_prob = ref_log_prob.astype(dtype)
+
+    if kl_penalty in KL_PENALTIES_IMPORTANCE_WEIGHTED:
+        if old_log_prob is None:
+            raise ValueError(
+                f"kl_penalty {kl_penalty!r} weights k3 by pi/pi_old and needs old_log_prob (the behaviour "
+                "policy's [batch, resp_len] log-probs); without them use 'low_var_kl' or 'low_var_kl+'"
+            )
+        old_log_prob = jnp.asarray(old_log_prob)
+        if old_log_prob.shape != log_prob.shape:
+            raise ValueError(
+                f"old_log_prob {old_log_prob.shape} and log_prob {log_prob.shape} must have the same shape"
+            )
+        old_log_prob = jax.lax.stop_gradient(old_log_prob.astype(dtype))
+        ratio = jnp.exp(jnp.clip(log_prob - old_log_prob, -20.0, 20.0))
+        return ratio * _forward(log_prob, ref_log_prob, "k3")
 
     base = kl_penalty.removesuffix("+")
     forward = _forward(log_prob, ref_log_prob, base)

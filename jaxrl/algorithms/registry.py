@@ -8,7 +8,7 @@ An entry declares:
 
 - ``options``: the config keys the function takes as keyword arguments, by their last segment. A policy loss's
   options are keys of ``actor_rollout_ref.actor.policy_loss`` (e.g. ``clip_cov_ratio``); an estimator's are keys
-  of ``algorithm`` (``norm_adv_by_std_in_grpo``, ``gamma``, ``lam``). The caller passes exactly these, by name,
+  of ``algorithm`` (``norm_adv_by_std_in_grpo``, ``adv_std_epsilon``, ``gamma``, ``lam``). The caller passes exactly these, by name,
   and the loader refuses a configured option the chosen function does not declare.
 - ``inputs`` (estimators): the per-row batch arrays the function reads: ``values`` ``[B, R]`` (the critic's; an
   estimator that reads them makes the run build a critic) and ``reward_baselines`` ``[B]`` (the greedy
@@ -198,14 +198,15 @@ PREFERENCE_LOSSES = Registry("preference loss")
 
 _ADV = "jaxrl.algorithms.advantages"
 ADV_ESTIMATORS.declare("gae", f"{_ADV}:compute_gae_advantage_return", options=("gamma", "lam"), inputs=("values",))
-ADV_ESTIMATORS.declare("grpo", f"{_ADV}:compute_grpo_outcome_advantage", options=("norm_adv_by_std_in_grpo",))
+ADV_ESTIMATORS.declare("grpo", f"{_ADV}:compute_grpo_outcome_advantage",
+                       options=("norm_adv_by_std_in_grpo", "adv_std_epsilon"))
 ADV_ESTIMATORS.declare("rloo", f"{_ADV}:compute_rloo_outcome_advantage")
 ADV_ESTIMATORS.declare("reinforce_plus_plus", f"{_ADV}:compute_reinforce_plus_plus_outcome_advantage",
                        options=("gamma",))
 ADV_ESTIMATORS.declare("reinforce_plus_plus_baseline", f"{_ADV}:compute_reinforce_plus_plus_baseline_outcome_advantage")
 ADV_ESTIMATORS.declare("remax", f"{_ADV}:compute_remax_outcome_advantage", inputs=("reward_baselines",))
 ADV_ESTIMATORS.declare("grpo_passk", f"{_ADV}:compute_grpo_passk_outcome_advantage",
-                       options=("norm_adv_by_std_in_grpo",))
+                       options=("norm_adv_by_std_in_grpo", "adv_std_epsilon"))
 ADV_ESTIMATORS.declare("opo", f"{_ADV}:compute_opo_outcome_advantage")
 ADV_ESTIMATORS.declare("gpg", f"{_ADV}:compute_gpg_outcome_advantage")
 
@@ -234,7 +235,7 @@ def register_adv_estimator(name: str, *, options: Sequence[str] = (), inputs: Se
 
     Args:
       name: the ``algorithm.adv_estimator`` value that selects it.
-      options: keys of ``algorithm`` it takes (``norm_adv_by_std_in_grpo``, ``gamma``, ``lam``).
+      options: keys of ``algorithm`` it takes (``norm_adv_by_std_in_grpo``, ``adv_std_epsilon``, ``gamma``, ``lam``).
       inputs: batch arrays it reads (``values``, ``reward_baselines``).
 
     Raises:

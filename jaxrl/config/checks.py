@@ -280,6 +280,7 @@ def validate_sections(cfg: JaxRLConfig, c: Checks) -> None:
     c.choice("algorithm.adv_estimator", registry.ADV_ESTIMATORS.names())  # built-in + external_lib's
     c.real("algorithm.gamma", 0.0, 1.0)
     c.real("algorithm.lam", 0.0, 1.0)
+    c.real("algorithm.adv_std_epsilon", 0.0, lo_open=True)
     c.choice("algorithm.kl_penalty", schema.KL_PENALTY_CHOICES)
     c.choice("algorithm.kl_ctrl.type", schema.KL_CTRL_TYPE_CHOICES)
     c.real("algorithm.kl_ctrl.kl_coef", 0.0)

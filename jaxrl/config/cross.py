@@ -333,7 +333,8 @@ def uneven_mini_batch_notes(cfg: JaxRLConfig) -> list[compat.CompatNote]:
 # Where each kind's options live in the config: the option name is the key's last segment.
 _OPTION_SECTIONS = (
     # (registry, the key that selects the function, the section of its options, the option keys)
-    (registry.ADV_ESTIMATORS, "algorithm.adv_estimator", "algorithm", ("norm_adv_by_std_in_grpo", "gamma", "lam")),
+    (registry.ADV_ESTIMATORS, "algorithm.adv_estimator", "algorithm",
+     ("norm_adv_by_std_in_grpo", "adv_std_epsilon", "gamma", "lam")),
     (registry.POLICY_LOSSES, "actor_rollout_ref.actor.policy_loss.loss_mode", "actor_rollout_ref.actor.policy_loss",
      tuple(f.name for f in dataclasses.fields(schema.PolicyLossConfig) if f.name != "loss_mode")),
     (registry.PREFERENCE_LOSSES, "algorithm.dpo.loss_type", "algorithm.dpo", ("label_smoothing",)),

@@ -34,8 +34,12 @@ DTYPE_CHOICES: tuple[str, ...] = ("float32", "bfloat16")
 LR_SCHEDULER_CHOICES: tuple[str, ...] = ("constant", "cosine")
 KL_PENALTY_CHOICES: tuple[str, ...] = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 # actor.kl_loss_type also takes the straight-through "+" variants (value of the estimator, gradient of
-# k2) and "full" (exact KL over the vocabulary); algorithm.kl_penalty (no gradient) takes only the above.
-KL_LOSS_TYPE_CHOICES: tuple[str, ...] = KL_PENALTY_CHOICES + tuple(k + "+" for k in KL_PENALTY_CHOICES) + ("full",)
+# k2), "full" (exact KL over the vocabulary) and the importance-weighted k3 (k3 x pi/pi_old: TRL's
+# use_bias_correction_kl, DeepSeek-V3.2); algorithm.kl_penalty (no gradient) takes only the above.
+KL_IMPORTANCE_WEIGHTED_CHOICES: tuple[str, ...] = ("low_var_kl_is", "k3_is")
+KL_LOSS_TYPE_CHOICES: tuple[str, ...] = (
+    KL_PENALTY_CHOICES + tuple(k + "+" for k in KL_PENALTY_CHOICES) + ("full",) + KL_IMPORTANCE_WEIGHTED_CHOICES
+)
 LOSS_AGG_MODE_CHOICES: tuple[str, ...] = (
     "token-mean",
     "seq-mean-token-mean",
@@ -154,12 +158,17 @@ class ActorConfig:
     recompute_old_log_prob: bool = True
     use_kl_loss: bool = False  # add kl_loss_coef * KL(pi || ref) to the loss (GRPO style)
     kl_loss_coef: float = 0.001  # weight of the KL loss
-    kl_loss_type: str = "low_var_kl"  # kl/k1, abs, mse/k2, low_var_kl/k3, their "+" straight-through forms, full
+    # kl/k1, abs, mse/k2, low_var_kl/k3, their "+" straight-through forms, full, and low_var_kl_is/k3_is (k3 x the
+    # differentiable ratio pi/pi_old: the unbiased reverse-KL gradient off-policy; TRL's use_bias_correction_kl)
+    kl_loss_type: str = "low_var_kl"
     entropy_coeff: float = 0.0  # entropy bonus weight (loss -= entropy_coeff * entropy)
     clip_ratio: float = 0.2  # PPO clip epsilon (fallback for clip_ratio_low/high)
     clip_ratio_low: Optional[float] = 0.2  # lower clip epsilon; null = clip_ratio (filled by the loader)
     clip_ratio_high: Optional[float] = 0.2  # upper clip epsilon (DAPO clip-higher); null = clip_ratio
-    clip_ratio_c: float = 3.0  # dual-clip constant for negative advantages, > 1
+    # dual-clip constant for negative advantages, > 1: the loss of a token with A < 0 is capped at -A x clip_ratio_c.
+    # verl's default 3.0 keeps the dual clip ON; TRL's GRPOTrainer and the GRPO paper have none: clip_ratio_c=1e9
+    # turns it off exactly (the ratio is exp of a log-ratio clamped to [-20, 20], so it never exceeds e^20 < 1e9)
+    clip_ratio_c: float = 3.0
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)  # policy-loss section
     tis_imp_ratio_cap: float = -1.0  # truncated importance sampling cap on pi_old/pi_rollout per token; -1 = off
@@ -297,10 +306,14 @@ class AlgorithmConfig:
 
     # gae (PPO: needs the critic) | grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | remax |
     # grpo_passk | opo | gpg | one external_lib registers. verl defaults to gae; jaxrl keeps grpo so critic-free
-    # runs need no critic section. norm_adv_by_std_in_grpo, gamma and lam are options of particular estimators
-    # (jaxrl.algorithms.registry): setting one the chosen estimator does not take (to a non-default value) is an error.
+    # runs need no critic section. norm_adv_by_std_in_grpo, adv_std_epsilon, gamma and lam are options of particular
+    # estimators (jaxrl.algorithms.registry): setting one the chosen estimator does not take (to a non-default value)
+    # is an error.
     adv_estimator: str = "grpo"
     norm_adv_by_std_in_grpo: bool = True  # divide group-centred scores by the group std (False = Dr. GRPO)
+    # jaxrl (verl has no key; its estimators' epsilon): grpo / grpo_passk divide by (group std + this), > 0.
+    # 1e-6 as verl; TRL's GRPOTrainer uses 1e-4
+    adv_std_epsilon: float = 1e-6
     use_kl_in_reward: bool = False  # subtract kl_ctrl.kl_coef * KL(pi || ref) from token rewards
     gamma: float = 1.0  # discount (GAE/returns)
     lam: float = 1.0  # GAE lambda

@@ -347,7 +347,8 @@ class ActorWorker(TrainedRole):
             loss = loss + c.kl_loss_coef * kl_loss
             metrics["actor/kl_loss"] = kl_loss
         elif c.use_kl_loss:
-            kld = kl_penalty(log_prob, micro["ref_log_probs"], c.kl_loss_type)
+            # old_log_prob: the importance-weighted k3 ("low_var_kl_is") weights by pi/pi_old; the others ignore it
+            kld = kl_penalty(log_prob, micro["ref_log_probs"], c.kl_loss_type, old_log_prob=old_log_prob)
             kl_loss = agg_loss(kld, mask, c.loss_agg_mode, **norms)
             loss = loss + c.kl_loss_coef * kl_loss
             metrics["actor/kl_loss"] = kl_loss

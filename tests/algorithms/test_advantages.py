@@ -74,8 +74,24 @@ def test_grpo_uses_unbiased_std():
     # one group of two rows with scores 0 and 2: mean 1, torch.std (ddof=1) = sqrt(2)
     rewards = np.array([[0.0, 0.0], [2.0, 0.0]], np.float32)
     mask = np.ones_like(rewards)
-    adv, _ = compute_grpo_outcome_advantage(rewards, mask, np.array([1, 1], np.int32), epsilon=0.0)
+    adv, _ = compute_grpo_outcome_advantage(rewards, mask, np.array([1, 1], np.int32), adv_std_epsilon=0.0)
     np.testing.assert_allclose(np.asarray(adv)[:, 0], [-1 / np.sqrt(2), 1 / np.sqrt(2)], rtol=1e-6)
+
+
+def test_grpo_std_epsilon_is_an_option():
+    """``adv_std_epsilon`` (algorithm.adv_std_epsilon) is the epsilon added to the group std: 1e-6 as verl by
+    default, 1e-4 as TRL's GRPOTrainer. On a group whose scores barely differ it changes the advantages a lot."""
+    rewards = np.array([[0.0, 0.0], [0.002, 0.0], [0.0, 0.0], [1.0, 0.0], [0.5, 0.0]], np.float32)
+    mask = np.ones_like(rewards)
+    ids = np.array([0, 0, 2, 2, 2], np.int32)
+    default, _ = compute_grpo_outcome_advantage(rewards, mask, ids)
+    trl, _ = compute_grpo_outcome_advantage(rewards, mask, ids, adv_std_epsilon=1e-4)
+    np.testing.assert_allclose(np.asarray(default), np_grpo(rewards, mask, ids, True, eps=1e-6), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(trl), np_grpo(rewards, mask, ids, True, eps=1e-4), rtol=1e-5)
+    # group 0: std = 0.002 / sqrt(2) = 1.414e-3, so 1e-4 shrinks its advantages by ~6.6%
+    ratio = np.asarray(trl)[1, 0] / np.asarray(default)[1, 0]
+    np.testing.assert_allclose(ratio, (1.4142136e-3 + 1e-6) / (1.4142136e-3 + 1e-4), rtol=1e-4)
+    assert ratio < 0.94
 
 
 def test_grpo_jit_matches_eager():

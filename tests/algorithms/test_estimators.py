@@ -26,7 +26,7 @@ VERL_ESTIMATORS = (
     "gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "grpo_passk", "opo", "gpg",
 )
 # the option names the trainer may pass (it passes only those a function declares)
-TRAINER_OPTIONS = {"norm_adv_by_std_in_grpo", "epsilon", "gamma", "lam", "values", "reward_baselines", "f_norm"}
+TRAINER_OPTIONS = {"norm_adv_by_std_in_grpo", "adv_std_epsilon", "gamma", "lam", "values", "reward_baselines", "f_norm"}
 
 
 # ----------------------------------------------------------------------------- batch

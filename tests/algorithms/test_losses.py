@@ -80,6 +80,80 @@ def test_kl_invalid_name_lists_valid():
         kl_penalty(x, x, "full")
 
 
+def np_k3_is(lp, ref, old):
+    """DeepSeek-V3.2 Eq. 7 / TRL ``per_token_kl * coef_1``: (pi/pi_old) * (pi_ref/pi - log(pi_ref/pi) - 1)."""
+    lp, ref, old = (x.astype(np.float64) for x in (lp, ref, old))
+    return np.exp(lp - old) * (np.exp(ref - lp) - (ref - lp) - 1.0)
+
+
+@pytest.mark.parametrize("name", ["low_var_kl_is", "k3_is"])
+def test_importance_weighted_k3_value_and_gradient_match_numpy(name):
+    rng = np.random.default_rng(4)
+    lp = rand_logprobs(rng, (4, 6), 2.0)
+    ref = (lp + rng.normal(scale=0.7, size=lp.shape)).astype(np.float32)  # k3 well inside verl's clamp at 10
+    old = (lp + rng.normal(scale=0.4, size=lp.shape)).astype(np.float32)  # off-policy: ratios 0.4 .. 2.5
+    assert np.abs(ref - lp).max() < 2.3
+    w = rng.uniform(0.5, 1.5, size=lp.shape)  # an arbitrary weighting of the tokens (the aggregation)
+
+    out = jax.jit(kl_penalty, static_argnames="kl_penalty")(lp, ref, name, old_log_prob=old)
+    np.testing.assert_allclose(np.asarray(out), np_k3_is(lp, ref, old), rtol=1e-5, atol=1e-6)
+
+    grad = jax.jit(jax.grad(lambda x, o: jnp.sum(w * kl_penalty(x, ref, name, old_log_prob=o)), argnums=(0, 1)))
+    g_lp, g_old = (np.asarray(g) for g in grad(lp, old))
+    # independent numpy gradient: central differences of the float64 formula, token by token
+    h = 1e-6
+    fd = w * (np_k3_is(lp.astype(np.float64) + h, ref, old) - np_k3_is(lp.astype(np.float64) - h, ref, old)) / (2 * h)
+    np.testing.assert_allclose(g_lp, fd, rtol=1e-4, atol=1e-6)
+    # ... and the closed form: d/dx [e^(x-o) k3] = e^(x-o) (x - r), the importance-weighted k1 score
+    np.testing.assert_allclose(g_lp, w * np.exp(lp - old) * (lp - ref), rtol=1e-4, atol=1e-6)
+    assert np.all(g_old == 0.0)  # the behaviour policy is a constant
+    # off-policy this is neither k3's gradient nor the straight-through k3+'s (d = lp - ref)
+    g_st = np.asarray(jax.grad(lambda x: jnp.sum(w * kl_penalty(x, ref, "low_var_kl+")))(lp))
+    assert np.abs(g_lp - g_st).max() > 0.1
+
+    # on-policy (old = the current log-probs): the value is k3's and the gradient k3+'s
+    on = jax.grad(lambda x: jnp.sum(w * kl_penalty(x, ref, name, old_log_prob=jax.lax.stop_gradient(x))))(lp)
+    np.testing.assert_allclose(np.asarray(on), g_st, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(kl_penalty(lp, ref, name, old_log_prob=lp)),
+                               np.asarray(kl_penalty(lp, ref, "low_var_kl")), rtol=1e-6)
+
+
+def test_importance_weighted_k3_gradient_is_the_unbiased_reverse_kl_gradient_off_policy():
+    """Tokens sampled from pi_old: the exact expectation over pi_old of the gradient of k3 x pi/pi_old equals the
+    gradient of KL(pi || pi_ref) (written out in numpy); k3's and the straight-through k3+'s do not."""
+    rng = np.random.default_rng(5)
+    v = 7
+    theta = rng.normal(size=v).astype(np.float32)  # pi = softmax(theta)
+    old_lp = np.asarray(jax.nn.log_softmax(theta + rng.normal(scale=0.8, size=v).astype(np.float32)))
+    ref_lp = np.asarray(jax.nn.log_softmax(rng.normal(size=v).astype(np.float32)))
+    p_old = np.exp(old_lp.astype(np.float64))
+
+    def expected_grad(name):
+        """sum_a pi_old(a) * d/dtheta kl_penalty(log pi(a), log pi_ref(a)): every token once, [1, V] rows."""
+        def f(t):
+            lp = jax.nn.log_softmax(t)[None]
+            return jnp.sum(p_old[None] * kl_penalty(lp, ref_lp[None], name, old_log_prob=old_lp[None]))
+        return np.asarray(jax.grad(f)(theta), np.float64)
+
+    lp = np.asarray(jax.nn.log_softmax(theta), np.float64)
+    p = np.exp(lp)
+    kl = np.sum(p * (lp - ref_lp))
+    true_grad = p * (lp - ref_lp - kl)  # d/dtheta_j sum_a p_a (log p_a - log ref_a) for p = softmax(theta)
+    np.testing.assert_allclose(expected_grad("low_var_kl_is"), true_grad, rtol=1e-4, atol=1e-6)
+    for biased in ("low_var_kl", "low_var_kl+"):
+        assert np.abs(expected_grad(biased) - true_grad).max() > 1e-2, biased
+
+
+def test_importance_weighted_k3_needs_old_log_probs():
+    x = np.zeros((2, 3), np.float32)
+    with pytest.raises(ValueError, match=r"'low_var_kl_is' weights k3 by pi/pi_old and needs old_log_prob"):
+        kl_penalty(x, x, "low_var_kl_is")
+    with pytest.raises(ValueError, match=r"old_log_prob \(2, 2\) and log_prob \(2, 3\)"):
+        kl_penalty(x, x, "k3_is", old_log_prob=np.zeros((2, 2), np.float32))
+    with pytest.raises(ValueError, match=r"valid options are .*'low_var_kl_is', 'k3_is', 'full'"):
+        kl_penalty(x, x, "k3_iss")
+
+
 # ----------------------------------------------------------------------------- agg_loss
 
 

@@ -16,12 +16,12 @@ from jaxrl.config import schema
 # passed before the registry existed (inspect-filtered), now declared.
 EXPECTED_ESTIMATORS = {
     "gae": (("gamma", "lam"), ("values",)),
-    "grpo": (("norm_adv_by_std_in_grpo",), ()),
+    "grpo": (("norm_adv_by_std_in_grpo", "adv_std_epsilon"), ()),
     "rloo": ((), ()),
     "reinforce_plus_plus": (("gamma",), ()),
     "reinforce_plus_plus_baseline": ((), ()),
     "remax": ((), ("reward_baselines",)),
-    "grpo_passk": (("norm_adv_by_std_in_grpo",), ()),
+    "grpo_passk": (("norm_adv_by_std_in_grpo", "adv_std_epsilon"), ()),
     "opo": ((), ()),
     "gpg": ((), ()),
 }

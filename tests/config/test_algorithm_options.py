@@ -54,6 +54,26 @@ def test_an_option_the_chosen_estimator_does_not_take_fails():
     assert (cfg.algorithm.gamma, cfg.algorithm.lam) == (0.9, 0.95)
 
 
+def test_trl_matching_keys_load_and_are_checked():
+    """algorithm.adv_std_epsilon (grpo / grpo_passk only, > 0), kl_loss_type=low_var_kl_is (a KL loss only: the
+    in-reward algorithm.kl_penalty has no pi_old to weight by) and the dual clip turned off by clip_ratio_c=1e9."""
+    a = "actor_rollout_ref.actor"
+    cfg = load_config(None, ["algorithm.adv_std_epsilon=1e-4", f"{a}.kl_loss_type=low_var_kl_is",
+                             f"{a}.clip_ratio_c=1e9"])
+    assert cfg.algorithm.adv_std_epsilon == 1e-4 and cfg.actor_rollout_ref.actor.kl_loss_type == "low_var_kl_is"
+    assert load_config(None, []).algorithm.adv_std_epsilon == 1e-6  # verl's epsilon stays the default
+    load_config(None, ["algorithm.adv_estimator=grpo_passk", "algorithm.adv_std_epsilon=1e-4"])
+    msg = _error(["algorithm.adv_estimator=rloo", "algorithm.adv_std_epsilon=1e-4"])
+    assert msg.startswith("algorithm.adv_std_epsilon=0.0001 is set, but algorithm.adv_estimator='rloo' does not")
+    assert "(grpo, grpo_passk)" in msg
+    assert "algorithm.adv_std_epsilon=0.0 is invalid; expected a finite number in (0.0, inf)" in _error(
+        ["algorithm.adv_std_epsilon=0"])
+    msg = _error(["algorithm.kl_penalty=low_var_kl_is"])
+    assert msg.startswith("algorithm.kl_penalty='low_var_kl_is' is invalid")
+    assert "'low_var_kl'" in msg.split("expected", 1)[1] and "'low_var_kl_is'" not in msg.split("expected", 1)[1]
+    assert "'k3_is'" in _error([f"{a}.kl_loss_type=k3_iss"])
+
+
 def test_unset_options_and_values_equal_to_the_default_are_accepted(tmp_path):
     """The schema holds defaults for every option: only a value the user set (and that differs from the default)
     fails, so a dumped config (every key written out) loads back."""

@@ -313,6 +313,7 @@ def test_choice_lists_match_the_algorithms():
     from jaxrl.algorithms import (
         KL_CTRL_TYPES,
         KL_PENALTIES,
+        KL_PENALTIES_IMPORTANCE_WEIGHTED,
         KL_PENALTIES_STRAIGHT_THROUGH,
         KL_PENALTY_FULL,
         LOSS_AGG_MODES,
@@ -321,7 +322,8 @@ def test_choice_lists_match_the_algorithms():
     )
 
     assert schema.KL_PENALTY_CHOICES == tuple(KL_PENALTIES)
-    kl_loss_types = tuple(KL_PENALTIES) + tuple(KL_PENALTIES_STRAIGHT_THROUGH) + (KL_PENALTY_FULL,)
+    kl_loss_types = (tuple(KL_PENALTIES) + tuple(KL_PENALTIES_STRAIGHT_THROUGH) + (KL_PENALTY_FULL,)
+                     + tuple(KL_PENALTIES_IMPORTANCE_WEIGHTED))
     assert schema.KL_LOSS_TYPE_CHOICES == kl_loss_types
     assert schema.LOSS_AGG_MODE_CHOICES == tuple(LOSS_AGG_MODES)
     assert schema.KL_CTRL_TYPE_CHOICES == tuple(KL_CTRL_TYPES)
