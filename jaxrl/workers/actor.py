@@ -65,6 +65,9 @@ def _forward_response(
     return model.logits(hidden) / temperature
 
 
+forward_response = _forward_response  # public name: the offline roles (jaxrl.workers.sft / preference) use it too
+
+
 def _forward_packed(graphdef, params, micro, temperature, activation_sharding=None):
     """Logits at the scoring columns of packed rows (:func:`jaxrl.workers.packing.packed_micro`).
 
