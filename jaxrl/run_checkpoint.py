@@ -89,8 +89,18 @@ class RunCheckpoints:
                 "actor_rollout_ref.model.path": model.path,
                 "actor_rollout_ref.model.tokenizer_path": model.tokenizer_path,
             }
+            settings = {}  # LoRA: what the saved adapters mean (none without LoRA: full fine-tuning is unchanged)
+            sections = [("actor_rollout_ref.model", model)]
+            if c.critic is not None:
+                sections.append(("critic.model", c.cfg.critic.model))
+            for prefix, section in sections:
+                if getattr(section, "lora_rank", 0):
+                    settings.update({f"{prefix}.lora_rank": section.lora_rank,
+                                     f"{prefix}.lora_alpha": section.lora_alpha,
+                                     f"{prefix}.target_modules": section.target_modules,
+                                     f"{prefix}.exclude_modules": getattr(section, "exclude_modules", None)})
             self._fingerprint = fingerprint(model=c.model_meta, roles=list(arrays), arrays=arrays, data=data,
-                                            context=context)
+                                            context=context, settings=settings)
         return self._fingerprint
 
     def _batch_key(self) -> str:

@@ -101,8 +101,9 @@ class Trainer:
     def sync_rollout(self) -> int:
         """Give the rollout engine the actor's current weights through the run's
         :class:`~jaxrl.rollout.weight_sync.WeightSync` (the only caller of ``engine.update_weights``); returns the
-        bytes moved between devices. Any failure raises ``WeightSyncError``."""
-        return self.c.weight_sync.sync(self.c.actor.params).bytes_moved
+        bytes moved between devices. With LoRA the engine gets the merged weights (``ActorWorker.merged_params``).
+        Any failure raises ``WeightSyncError``."""
+        return self.c.weight_sync.sync(self.c.actor.merged_params()).bytes_moved
 
     def _seed(self) -> int:
         return int(self.c.cfg.trainer.seed) * 1_000_003 + self.step
@@ -376,10 +377,21 @@ def run_training(cfg) -> dict[str, float]:
         from jaxrl.models.hf import save_hf
 
         export_dir = c.out_dir / "hf_model"
-        params = distributed.to_host(c.actor.params)  # several processes: gathered from all (every one calls it)
-        distributed.run_on_primary(save_hf, nnx.merge(c.actor.graphdef, params), c.model_cfg, export_dir,
+        # several processes: gathered from all (every one calls it); LoRA: the merged weights
+        params = distributed.to_host(c.actor.merged_params())
+        distributed.run_on_primary(save_hf, nnx.merge(c.actor.base_graphdef, params), c.model_cfg, export_dir,
                                    tokenizer=c.tokenizer, share=False)
         log.info("final model exported to %s (load with transformers or jaxrl.generate --model)", export_dir)
+        if c.actor.lora is not None:
+            from jaxrl.models.lora import save_peft_adapter
+
+            adapter_dir = c.out_dir / "lora_adapter"
+            adapters = distributed.to_host(c.actor.params)
+            distributed.run_on_primary(save_peft_adapter, adapters, c.actor.lora, adapter_dir,
+                                       num_layers=c.model_cfg.num_hidden_layers,
+                                       base_model_name_or_path=cfg.actor_rollout_ref.model.path, share=False)
+            log.info("LoRA adapter exported to %s (PEFT format: peft.PeftModel.from_pretrained(base, dir))",
+                     adapter_dir)
         log.info("done in %.1f s", time.perf_counter() - t0)
         return last
     finally:
