@@ -88,7 +88,10 @@ NOTES: dict[str, str] = {
     "actor_rollout_ref.actor.optim.override_optimizer_config": "no extra optimizer kwargs in jaxrl; only null is valid",
     "actor_rollout_ref.actor.optim.num_cycles": "jaxrl's cosine schedule is the half cosine; only 0.5 is valid",
     # ---- model loading
-    "actor_rollout_ref.model.use_shm": "models load from local files; no shared-memory copy",
+    "actor_rollout_ref.model.use_shm": (
+        "models load from local files; no shared-memory copy (with LoRA the base model is read once and shared by "
+        "the actor and the reference)"
+    ),
     "actor_rollout_ref.model.trust_remote_code": "jaxrl runs its own Flax model code; no remote code is executed",
     "actor_rollout_ref.model.external_lib": "jaxrl runs its own Flax model code; no HF model classes are imported",
     "actor_rollout_ref.model.enable_activation_offload": (
@@ -112,7 +115,10 @@ NOTES: dict[str, str] = {
     "actor_rollout_ref.rollout.disable_log_stats": _VLLM_TUNING,
     "actor_rollout_ref.rollout.enable_chunked_prefill": _VLLM_TUNING,
     "actor_rollout_ref.rollout.load_format": _VLLM_TUNING,
-    "actor_rollout_ref.rollout.layered_summon": _VLLM_TUNING,
+    "actor_rollout_ref.rollout.layered_summon": (
+        "verl gathers FSDP shards layer by layer to sync (LoRA-merged) weights; jaxrl merges LoRA in one jitted "
+        "program on the train mesh and its translator moves the merged weights"
+    ),
     "actor_rollout_ref.rollout.multi_stage_wake_up": _VLLM_TUNING,
     "actor_rollout_ref.rollout.update_weights_bucket_megabytes": _VLLM_TUNING,
     "actor_rollout_ref.rollout.engine_kwargs.*": _VLLM_TUNING,
