@@ -72,9 +72,9 @@ def assert_same_metrics(a: dict, b: dict, steps) -> None:
                 assert x == y, (step, k)
 
 
-def start_and_kill_when(out_dir: Path, ready) -> None:
-    """Start a run and SIGKILL it as soon as ``ready()`` is true (polled every 2 ms)."""
-    proc = subprocess.Popen(command(out_dir), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def start_and_kill_when(out_dir: Path, ready, extra=()) -> None:
+    """Start a run (``command(out_dir, extra)``) and SIGKILL it as soon as ``ready()`` is true (polled every 2 ms)."""
+    proc = subprocess.Popen(command(out_dir, extra), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 600
         while not ready():

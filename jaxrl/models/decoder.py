@@ -23,6 +23,9 @@ logical names to mesh axes)::
     lm_head                     [H, V]        ("embed", "vocab")                  (absent when tied)
 
 ``V`` vocab, ``H`` hidden, ``I`` intermediate, ``nH`` query heads, ``nKV`` kv heads, ``D`` head_dim.
+
+``Attention.lora`` / ``MLP.lora`` are None unless :func:`jaxrl.models.lora.apply_lora` added LoRA adapters (then
+each adapted projection adds ``(alpha / r) * (x @ A) @ B`` to its output, bias included first, as PEFT does).
 """
 
 from __future__ import annotations
