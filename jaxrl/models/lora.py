@@ -46,6 +46,7 @@ __all__ = [
     "ALL_LINEAR",
     "PROJECTIONS",
     "LoraInfo",
+    "adapter_bytes",
     "LoraSpec",
     "apply_lora",
     "lora_module_names",

@@ -246,8 +246,9 @@ class ActorWorker(TrainedRole):
         fine-tuning.
 
     Raises:
-      ValueError: ``kl_loss_type="full"`` without ``ref_params`` (full fine-tuning); an unknown ``policy_loss.loss_mode``; sizes that
-        do not fit (see :class:`~jaxrl.workers.trained_role.TrainedRole`).
+      ValueError: ``kl_loss_type="full"`` without ``ref_params`` (full fine-tuning); only one of ``frozen`` /
+        ``lora``; an unknown ``policy_loss.loss_mode``; sizes that do not fit (see
+        :class:`~jaxrl.workers.trained_role.TrainedRole`).
     """
 
     name = "actor"

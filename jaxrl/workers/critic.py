@@ -161,11 +161,11 @@ class CriticWorker(TrainedRole):
         for slots in slot_list:
             micro = micro_layout(arrays, slots, batch.prompt_width, packed=packed, max_row_tokens=budget)
             if packed:
-                v = self._packed_values_fn(self.params, self.frozen, {k: micro[k] for k in PACKED_KEYS + ("response_mask",)},
-                                           prompt_width=0)
+                rows_in = {k: micro[k] for k in PACKED_KEYS + ("response_mask",)}
+                v = self._packed_values_fn(self.params, self.frozen, rows_in, prompt_width=0)
             else:
-                v = self._values_fn(self.params, self.frozen, micro["input_ids"], micro["positions"], micro["attention_mask"],
-                                    prompt_width=batch.prompt_width)
+                v = self._values_fn(self.params, self.frozen, micro["input_ids"], micro["positions"],
+                                    micro["attention_mask"], prompt_width=batch.prompt_width)
             out.append(np.asarray(to_host(v), np.float32))
         return scatter_rows(out, slot_list, batch.size) * batch.response_mask.astype(np.float32)
 

@@ -217,8 +217,8 @@ class TrainedRole:
           prompt_width: the batch's prompt width ``P`` (static).
 
         Returns:
-          ``(grads, metrics)``: grads with the params' structure (the trained part only); summed metrics (loss terms) summed over
-          micro-batches, weighted ones (ratios) token-weighted means.
+          ``(grads, metrics)``: grads with the params' structure (the trained part only); summed metrics (loss terms)
+          summed over micro-batches, weighted ones (ratios) token-weighted means.
         """
         return scan_accumulate(
             lambda p, micro: self._micro_loss(self.full_state(p, frozen), micro, num_tokens, num_seqs, prompt_width,
