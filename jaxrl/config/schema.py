@@ -95,7 +95,8 @@ class DataConfig:
 # ------------------------------------------------------------------------ actor_rollout_ref
 @dataclass
 class ModelConfig:
-    """``actor_rollout_ref.model.*``: the policy model (the reference model is its initial copy)."""
+    """``actor_rollout_ref.model.*``: the policy model (the reference model is its initial copy; with LoRA the base
+    model with the adapters off, sharing its arrays)."""
 
     path: str = "~/models/deepseek-llm-7b-chat"  # HF dir, .gguf file, or alias (jaxrl.models.resolve)
     tokenizer_path: Optional[str] = None  # null = the tokenizer that ships with the model
