@@ -1,4 +1,5 @@
-"""The one container that travels through an RL step.
+"""The containers that travel through a training step: :class:`RLBatch` (an RL step's rows) and :class:`PairBatch`
+(DPO's chosen / rejected pairs of them).
 
 Every field is a host numpy array with a documented shape. ``N`` is the number of responses in the
 step (prompts x ``rollout.n``), ``P`` the bucketed prompt width, ``R`` the response horizon
@@ -83,11 +84,42 @@ class RLBatch:
         """``[N, P + R]`` int32 RoPE positions: ``cumsum(mask) - 1`` clipped at 0 (left padding aware)."""
         return positions_from_mask(self.attention_mask())
 
-    def select(self, idx: np.ndarray) -> "RLBatch":
+    def select(self, idx: np.ndarray) -> RLBatch:
         """A new batch with rows ``idx`` (``[K]`` int) of every non-empty field."""
         return RLBatch(
             **{f.name: (None if (v := getattr(self, f.name)) is None else v[idx]) for f in dataclasses.fields(self)}
         )
+
+
+@dataclass
+class PairBatch:
+    """``B`` preference pairs: row ``i`` of ``chosen`` and row ``i`` of ``rejected`` answer the same prompt.
+
+    Attributes:
+      chosen, rejected: :class:`RLBatch` of ``B`` rows each, one width.
+      ref_chosen_logps, ref_rejected_logps: float32 ``[B]``, the frozen reference's sequence log-probabilities of
+        each response (filled by the trainer before the update), or None.
+    """
+
+    chosen: RLBatch
+    rejected: RLBatch
+    ref_chosen_logps: np.ndarray | None = None
+    ref_rejected_logps: np.ndarray | None = None
+
+    @property
+    def size(self) -> int:
+        return self.chosen.size
+
+    @property
+    def prompt_width(self) -> int:
+        return self.chosen.prompt_width
+
+    def both(self) -> RLBatch:
+        """Chosen rows then rejected rows as one ``[2B, ...]`` batch (one forward pass over both)."""
+        c, r = self.chosen, self.rejected
+        return RLBatch(**{f.name: (None if getattr(c, f.name) is None
+                                   else np.concatenate([getattr(c, f.name), getattr(r, f.name)]))
+                          for f in dataclasses.fields(RLBatch)})
 
 
 def positions_from_mask(mask: np.ndarray) -> np.ndarray:

@@ -298,8 +298,9 @@ def _build_actor_and_reference(cfg, graphdef, params, total_training_steps, plac
 
     arr = cfg.actor_rollout_ref
     rollout_cfg = arr.rollout
-    needs_ref = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-    spec = lora_spec(arr.model)
+    online_dpo = cfg.algorithm.dpo.enable
+    needs_ref = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward or online_dpo
+    spec = lora_spec(arr.model)  # with online DPO refused by the config checks (the preference role has no LoRA)
     plan = _batch_plan(cfg, placement)
     common = dict(plan=plan.actor, temperature=rollout_cfg.temperature, total_training_steps=total_training_steps,
                   seed=cfg.trainer.seed, **_mesh_args(placement))
@@ -317,7 +318,10 @@ def _build_actor_and_reference(cfg, graphdef, params, total_training_steps, plac
     else:
         if needs_ref:
             ref_params = jax.tree.map(lambda x: x.copy(), params)  # frozen copy: the actor's buffers are updated
-        actor = ActorWorker(graphdef, params, arr.actor, ref_params=ref_params, **common)
+        if online_dpo:
+            actor = _build_preference_actor(cfg, graphdef, params, total_training_steps, placement)
+        else:
+            actor = ActorWorker(graphdef, params, arr.actor, ref_params=ref_params, **common)
         if ref_params is not None and placement is not None:
             from sharding import shard_state
 
@@ -331,6 +335,33 @@ def _build_actor_and_reference(cfg, graphdef, params, total_training_steps, plac
                                      max_token_key="actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
                                      **_mesh_args(placement)), ref_params)
     return actor, ref
+
+
+def dpo_plan(cfg, placement):
+    """Online DPO's batch sizes on the placement's data-parallel devices
+    (:func:`jaxrl.config.batch_plan.online_dpo_plan`), checked."""
+    from jaxrl.config import ConfigError
+    from jaxrl.config.batch_plan import online_dpo_plan
+
+    plan = online_dpo_plan(cfg, batch_shards=1 if placement is None else placement.batch_shards)
+    try:
+        plan.check()
+    except ValueError as e:  # sizes that do not split over the train mesh's data-parallel devices
+        raise ConfigError(f"algorithm.dpo.enable=True: {e}") from None
+    return plan
+
+
+def _build_preference_actor(cfg, graphdef, params, total_training_steps, placement):
+    """Online DPO's actor (``algorithm.dpo.enable``): the policy trained with the preference loss on the best vs
+    worst samples of each group (:class:`jaxrl.workers.preference.PreferenceWorker`, metrics under ``actor/``)."""
+    from jaxrl.workers.preference import PreferenceWorker
+
+    a = cfg.actor_rollout_ref.actor
+    return PreferenceWorker(
+        graphdef, params, cfg.algorithm.dpo, plan=dpo_plan(cfg, placement), optim=a.optim, grad_clip=a.grad_clip,
+        temperature=cfg.actor_rollout_ref.rollout.temperature, total_training_steps=total_training_steps,
+        name="actor", shuffle=a.shuffle, seed=cfg.trainer.seed, **_mesh_args(placement),
+    )
 
 
 def _build_rollout(cfg, model_cfg, graphdef, params, tokenizer, actor, placement):

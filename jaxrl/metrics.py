@@ -39,7 +39,7 @@ def batch_metrics(batch) -> dict[str, float]:
     """verl's data metrics of one RL step.
 
     Args:
-      batch: an :class:`jaxrl.batch.RLBatch` with scores, rewards and advantages filled.
+      batch: an :class:`jaxrl.batch.RLBatch` with scores, rewards and (but for online DPO) advantages filled.
 
     Returns:
       ``critic/score/*`` (sequence score), ``critic/rewards/*`` (sequence reward after in-reward KL),
@@ -53,8 +53,9 @@ def batch_metrics(batch) -> dict[str, float]:
     out: dict[str, float] = {}
     out.update(_stats("critic/score", batch.token_level_scores.sum(-1)))
     out.update(_stats("critic/rewards", batch.token_level_rewards.sum(-1)))
-    out.update(_stats("critic/advantages", batch.advantages[mask]))
-    out.update(_stats("critic/returns", batch.returns[mask]))
+    if batch.advantages is not None:  # online DPO computes none
+        out.update(_stats("critic/advantages", batch.advantages[mask]))
+        out.update(_stats("critic/returns", batch.returns[mask]))
     out.update(_stats("response_length", resp_len))
     out["response_length/clip_ratio"] = float(np.mean(resp_len >= batch.response_width))
     out.update(_stats("prompt_length", batch.prompt_mask.sum(-1).astype(np.float32)))

@@ -23,8 +23,9 @@ log = logging.getLogger("jaxrl")
 class Resumed:
     """What :meth:`RunCheckpoints.resume` restored beyond the roles and the data position."""
 
-    step: int  # the RL step the checkpoint was saved after
-    kl_ctrl_value: float  # the KL controller's coefficient (its target/horizon stay this run's config)
+    step: int  # the training step the checkpoint was saved after
+    kl_ctrl_value: float | None  # the KL controller's coefficient (its target/horizon stay this run's config); None
+    # when the run has no KL controller (the offline trainers)
     path: Path  # the checkpoint folder
 
 
@@ -49,17 +50,15 @@ class RunCheckpoints:
         """The device state a checkpoint holds: params and optimizer states of every trained role."""
         return {name: role.state()[0] for name, role in self.roles().items()}
 
-    def state_meta(self, step: int, kl_ctrl) -> dict:
-        """The host state a checkpoint holds (JSON): step, data position, RNGs, KL controller, model info."""
+    def state_meta(self, step: int, kl_ctrl=None) -> dict:
+        """The host state a checkpoint holds (JSON): step, data position, RNGs, KL controller (when the run has
+        one), model info."""
         c = self.c
         roles = {name: role.state()[1] for name, role in self.roles().items()}
-        meta = {
-            "step": step,
-            "data_state": c.train_data.get_state(),
-            "kl_ctrl": {k: float(v) for k, v in kl_ctrl._asdict().items()},
-            "actor": roles["actor"],
-            "model": c.model_meta,
-        }
+        meta = {"step": step, "data_state": c.train_data.get_state()}
+        if kl_ctrl is not None:
+            meta["kl_ctrl"] = {k: float(v) for k, v in kl_ctrl._asdict().items()}
+        meta.update({"actor": roles["actor"], "model": c.model_meta})
         if "critic" in roles:
             meta["critic"] = roles["critic"]
         meta["fingerprint"] = self.fingerprint()
@@ -72,36 +71,50 @@ class RunCheckpoints:
         if self._fingerprint is None:
             from jaxrl.fingerprint import fingerprint
 
-            c, d = self.c, self.c.cfg.data
-            state = c.train_data.get_state()
             arrays = self.state_arrays()
-            data = {
-                self._batch_key(): state["batch_size"], "data.seed": state["seed"], "data.shuffle": state["shuffle"],
-                "data.drop_last": state["drop_last"], "data.num_prompts": state["num_rows"],
-                "data.prompts_sha256": c.train_data.prompts_digest(),
-            }
-            model = c.cfg.actor_rollout_ref.model
-            context = {
-                "data.train_files": d.train_files, "data.train_max_samples": d.train_max_samples,
-                "data.max_prompt_length": d.max_prompt_length,
-                "data.filter_overlong_prompts": d.filter_overlong_prompts,
-                "data.truncation": d.truncation, "data.prompt_key": d.prompt_key,
-                "actor_rollout_ref.model.path": model.path,
-                "actor_rollout_ref.model.tokenizer_path": model.tokenizer_path,
-            }
-            settings = {}  # LoRA: what the saved adapters mean (none without LoRA: full fine-tuning is unchanged)
-            sections = [("actor_rollout_ref.model", model)]
-            if c.critic is not None:
-                sections.append(("critic.model", c.cfg.critic.model))
-            for prefix, section in sections:
-                if getattr(section, "lora_rank", 0):
-                    settings.update({f"{prefix}.lora_rank": section.lora_rank,
-                                     f"{prefix}.lora_alpha": section.lora_alpha,
-                                     f"{prefix}.target_modules": section.target_modules,
-                                     f"{prefix}.exclude_modules": getattr(section, "exclude_modules", None)})
-            self._fingerprint = fingerprint(model=c.model_meta, roles=list(arrays), arrays=arrays, data=data,
-                                            context=context, settings=settings)
+            data, context = self.data_fingerprint()
+            self._fingerprint = fingerprint(model=self.c.model_meta, roles=list(arrays), arrays=arrays, data=data,
+                                            context=context, settings=self.settings_fingerprint())
         return self._fingerprint
+
+    def data_fingerprint(self) -> tuple[dict, dict]:
+        """``(data, context)`` of :func:`jaxrl.fingerprint.fingerprint`: the settings the data-iterator position
+        depends on (compared on resume) and the config values that explain a change of them (reported only)."""
+        c, d = self.c, self.c.cfg.data
+        state = c.train_data.get_state()
+        data = {
+            self._batch_key(): state["batch_size"], "data.seed": state["seed"], "data.shuffle": state["shuffle"],
+            "data.drop_last": state["drop_last"], "data.num_prompts": state["num_rows"],
+            "data.prompts_sha256": c.train_data.prompts_digest(),
+        }
+        model = c.cfg.actor_rollout_ref.model
+        context = {
+            "data.train_files": d.train_files, "data.train_max_samples": d.train_max_samples,
+            "data.max_prompt_length": d.max_prompt_length,
+            "data.filter_overlong_prompts": d.filter_overlong_prompts,
+            "data.truncation": d.truncation, "data.prompt_key": d.prompt_key,
+            "actor_rollout_ref.model.path": model.path,
+            "actor_rollout_ref.model.tokenizer_path": model.tokenizer_path,
+        }
+        return data, context
+
+    def settings_fingerprint(self) -> dict:
+        """The other settings the saved arrays depend on (``settings`` of :func:`jaxrl.fingerprint.fingerprint`,
+        compared on resume): LoRA's ``<section>.lora_rank`` / ``lora_alpha`` / ``target_modules`` /
+        ``exclude_modules`` of ``actor_rollout_ref.model`` (and ``critic.model`` with a critic) where LoRA is on;
+        empty without LoRA, so full fine-tuning fingerprints are unchanged."""
+        c = self.c
+        settings = {}
+        sections = [("actor_rollout_ref.model", c.cfg.actor_rollout_ref.model)]
+        if c.critic is not None:
+            sections.append(("critic.model", c.cfg.critic.model))
+        for prefix, section in sections:
+            if getattr(section, "lora_rank", 0):
+                settings.update({f"{prefix}.lora_rank": section.lora_rank,
+                                 f"{prefix}.lora_alpha": section.lora_alpha,
+                                 f"{prefix}.target_modules": section.target_modules,
+                                 f"{prefix}.exclude_modules": getattr(section, "exclude_modules", None)})
+        return settings
 
     def _batch_key(self) -> str:
         """The config key that sets the prompt pipeline's batch size: ``data.gen_batch_size`` under DAPO dynamic
@@ -130,8 +143,9 @@ class RunCheckpoints:
             raise CheckpointIncompatibleError(f"written by another configuration: {summary(diffs)}", step=step,
                                               path=None, differences=diffs)
 
-    def save_checkpoint(self, step: int, kl_ctrl) -> bool:
-        """Save the full training state as checkpoint ``step``; a failed save is logged, training goes on.
+    def save_checkpoint(self, step: int, kl_ctrl=None) -> bool:
+        """Save the full training state as checkpoint ``step`` (with ``kl_ctrl``, the RL run's KL controller); a
+        failed save is logged, training goes on.
 
         Every call attempts its own save (an earlier asynchronous failure does not block it); whether the run's
         final checkpoint made it to disk is checked by :func:`check_final_checkpoint`.
@@ -187,7 +201,9 @@ class RunCheckpoints:
         for name, role in self.roles().items():
             role.load_state(arrays[name], meta[name])
         c.train_data.set_state(meta["data_state"])
-        return Resumed(step=step, kl_ctrl_value=meta["kl_ctrl"]["value"], path=store.step_path(step))
+        kl_ctrl = meta.get("kl_ctrl")
+        return Resumed(step=step, kl_ctrl_value=None if kl_ctrl is None else kl_ctrl["value"],
+                       path=store.step_path(step))
 
 
 def check_final_checkpoint(store, step: int | None) -> None:

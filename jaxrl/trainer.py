@@ -14,11 +14,8 @@ is a role (``jaxrl.workers``), the rollout engine (``jaxrl.rollout``) or a pure 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import signal
-import threading
 import time
 
 import numpy as np
@@ -27,28 +24,33 @@ from jaxrl import distributed
 from jaxrl.batch import RLBatch
 from jaxrl.build import Components, build
 from jaxrl.experience import decode_responses, extra_as_array, sampling_params, score_responses
+from jaxrl.loop import NonFiniteTrainingError, TrainingLoop, export_final_model, setup_run_logging
 from jaxrl.metrics import (batch_metrics, memory_metrics, plot_rewards, rollout_mismatch_metrics, timed,
                            validation_metrics)
-from jaxrl.run_checkpoint import RunCheckpoints, check_final_checkpoint, latest_checkpoint_text
+from jaxrl.run_checkpoint import RunCheckpoints
 
 log = logging.getLogger("jaxrl")
 
+__all__ = ["NonFiniteTrainingError", "Trainer", "run_training"]  # the error is jaxrl.loop's (re-exported)
 
-class Trainer:
-    """Runs GRPO/PPO-family training over :class:`Components`."""
+
+class Trainer(TrainingLoop):
+    """Runs GRPO/PPO-family training over :class:`Components` (the loop itself: :class:`jaxrl.loop.TrainingLoop`)."""
+
+    progress_key, progress_label = "critic/score/mean", "score"
+    nonfinite_keys = ("actor/nonfinite_grad", "critic/nonfinite_grad")
 
     def __init__(self, c: Components):
         from jaxrl.algorithms import get_kl_controller
 
-        self.c = c
+        super().__init__(c)
         cfg = c.cfg
         self.rollout_cfg = cfg.actor_rollout_ref.rollout
         self.max_new_tokens = self.rollout_cfg.max_new_tokens or cfg.data.max_response_length
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = get_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
-        self.step = 0
-        self.nonfinite_in_a_row = 0
         self.checkpoints = RunCheckpoints(c)  # what a checkpoint holds; this class decides when
+        self.online_dpo = bool(cfg.algorithm.dpo.enable)
 
     # -- one RL step -----------------------------------------------------------------------------------------
 
@@ -62,32 +64,35 @@ class Trainer:
             # several processes: every replica must train on the same batch (fails loudly, naming the step)
             distributed.check_replicas(self.step, batch.prompt_ids, batch.response_ids, batch.response_mask)
 
-            if cfg.actor_rollout_ref.actor.recompute_old_log_prob:  # else on-policy: the update uses its own
-                with timed("old_log_prob", t):
-                    batch.old_log_probs, entropy = c.actor.compute_log_probs(batch)
-                    metrics.update(rollout_mismatch_metrics(batch, entropy))
+            if self.online_dpo:  # algorithm.dpo.enable: pairs from the samples, the preference loss, no advantages
+                self._online_dpo_update(batch, metrics, t)
+            else:
+                if cfg.actor_rollout_ref.actor.recompute_old_log_prob:  # else on-policy: the update uses its own
+                    with timed("old_log_prob", t):
+                        batch.old_log_probs, entropy = c.actor.compute_log_probs(batch)
+                        metrics.update(rollout_mismatch_metrics(batch, entropy))
 
-            if c.ref is not None:
-                with timed("ref", t):
-                    batch.ref_log_probs, _ = c.ref.compute_log_probs(batch)
+                if c.ref is not None:
+                    with timed("ref", t):
+                        batch.ref_log_probs, _ = c.ref.compute_log_probs(batch)
 
-            if c.critic is not None:
-                with timed("values", t):
-                    batch.values = c.critic.compute_values(batch)
+                if c.critic is not None:
+                    with timed("values", t):
+                        batch.values = c.critic.compute_values(batch)
 
-            with timed("adv", t):
-                batch.token_level_rewards = self._apply_kl_in_reward(batch, metrics)
-                batch.advantages, batch.returns = self._advantages(batch)
+                with timed("adv", t):
+                    batch.token_level_rewards = self._apply_kl_in_reward(batch, metrics)
+                    batch.advantages, batch.returns = self._advantages(batch)
 
-            if c.critic is not None:
-                with timed("update_critic", t):
-                    metrics.update(c.critic.update(batch))
+                if c.critic is not None:
+                    with timed("update_critic", t):
+                        metrics.update(c.critic.update(batch))
 
-            if self.step > cfg.trainer.critic_warmup:  # PPO: let the critic learn first
-                with timed("update_actor", t):
-                    metrics.update(c.actor.update(batch))
-                with timed("sync", t):
-                    metrics["sync/bytes"] = self.sync_rollout()
+                if self.step > cfg.trainer.critic_warmup:  # PPO: let the critic learn first
+                    with timed("update_actor", t):
+                        metrics.update(c.actor.update(batch))
+                    with timed("sync", t):
+                        metrics["sync/bytes"] = self.sync_rollout()
 
         metrics.update(batch_metrics(batch))
         metrics.update({f"timing_s/{k}": v for k, v in t.items()})
@@ -97,6 +102,34 @@ class Trainer:
         metrics.update(memory_metrics())
         metrics["training/epoch"] = c.train_data.epoch
         return metrics
+
+    def _online_dpo_update(self, batch: RLBatch, metrics: dict, t: dict) -> None:
+        """Online DPO (``algorithm.dpo.enable``): the best and the worst scored sample of each group become a pair
+        (:func:`jaxrl.algorithms.best_worst_pairs`; groups whose scores are all equal give none), the frozen
+        reference scores both, the actor takes the preference loss, the rollout engine the new weights. A step
+        without a pair updates nothing (``dpo/pairs`` = 0)."""
+        from jaxrl.algorithms import best_worst_pairs, sequence_log_probs
+        from jaxrl.batch import PairBatch
+
+        c = self.c
+        batch.token_level_rewards = batch.token_level_scores  # no in-reward KL: DPO's beta is its KL term
+        with timed("pairs", t):
+            chosen, rejected, tied = best_worst_pairs(batch.token_level_scores.sum(-1), batch.group_ids)
+        metrics["dpo/pairs"] = float(len(chosen))
+        metrics["dpo/tied_groups"] = float(tied)
+        if not len(chosen):
+            return
+        pairs = PairBatch(batch.select(chosen), batch.select(rejected))
+        with timed("ref", t):
+            both = pairs.both()
+            ref, _ = c.ref.compute_log_probs(both)
+            ref = np.asarray(sequence_log_probs(ref, both.response_mask), np.float32)
+            pairs.ref_chosen_logps, pairs.ref_rejected_logps = ref[: pairs.size], ref[pairs.size:]
+        if self.step > self.c.cfg.trainer.critic_warmup:
+            with timed("update_actor", t):
+                metrics.update(c.actor.update(pairs))
+            with timed("sync", t):
+                metrics["sync/bytes"] = self.sync_rollout()
 
     def sync_rollout(self) -> int:
         """Give the rollout engine the actor's current weights through the run's
@@ -174,95 +207,17 @@ class Trainer:
                     f.write(json.dumps({"step": self.step, "score": float(score), "response": text}) + "\n")
         return metrics
 
-    # -- the loop --------------------------------------------------------------------------------------------
+    # -- the loop (jaxrl.loop.TrainingLoop.fit) ---------------------------------------------------------------
 
-    def fit(self) -> dict[str, float]:
-        """Train to ``total_training_steps``: resume if a checkpoint says so, validate every ``test_freq`` steps
-        and at the end, checkpoint every ``save_freq`` steps and at the end, stop cleanly on SIGTERM."""
-        from tqdm import tqdm
+    def has_validation(self) -> bool:
+        return bool(self.c.val_rows)
 
-        c, cfg = self.c, self.c.cfg
-        total = c.total_training_steps
-        resumed = self.resume()
-        if not resumed:
-            c.logger.truncate_after(-1)  # a fresh run starts a fresh metrics.jsonl in a reused folder
-        if resumed and self.step >= total:
-            log.info("the checkpoint is already at step %d of %d: nothing left to train", self.step, total)
-        if cfg.trainer.val_before_train and c.val_rows and not resumed:
-            t: dict[str, float] = {}
-            with timed("testing", t):
-                val = self.validate()
-            c.logger.log(0, {**val, "timing_s/testing": t["testing"]})
-        last: dict[str, float] = {}
-        bar = tqdm(total=total, initial=self.step, desc="jaxrl", unit="step", dynamic_ncols=True,
-                   disable=not distributed.is_primary())  # one console
-        with _sigterm_flag() as stop:
-            try:
-                stopped = False  # SIGTERM, agreed by every process before each step
-                while self.step < total:
-                    if distributed.any_process(stop.is_set()):
-                        stopped = True
-                        break
-                    self.step += 1
-                    last = self._step_validate_log()
-                    self._check_finite(last)
-                    if self._save_due():
-                        self.save_checkpoint()
-                    bar.set_postfix(score=f"{last['critic/score/mean']:.3f}")
-                    bar.update(1)
-                stopped = stopped or distributed.any_process(stop.is_set())
-                final = self.step if self._save_due() else None  # the save that ends the run, if any
-                if stopped:
-                    log.warning("SIGTERM: stopping after step %d", self.step)
-                    if final is None:
-                        self.save_checkpoint()
-                        final = self.step
-                check_final_checkpoint(c.store, final)
-                if stopped:
-                    log.warning("rerun the same command to resume from step %d", self.step)
-            finally:
-                bar.close()
-                c.store.close()  # waits for an asynchronous save (a failure is logged), ends orbax's threads
-        return last
-
-    def _step_validate_log(self) -> dict[str, float]:
-        """One training step, then validation when due, then logging."""
-        c, cfg = self.c, self.c.cfg
-        metrics = self.train_step()
-        metrics["training/global_step"] = self.step
-        test_freq = cfg.trainer.test_freq
-        if c.val_rows and test_freq > 0 and (self.step % test_freq == 0 or self.step == c.total_training_steps):
-            t: dict[str, float] = {}
-            with timed("testing", t):
-                metrics.update(self.validate())
-            metrics["timing_s/testing"] = t["testing"]
-        c.logger.log(self.step, metrics)
+    def after_log(self, metrics: dict[str, float]) -> None:
+        c = self.c
         if any(k.startswith("val-core/") for k in metrics) and c.logger.writes and c.logger.jsonl_path.exists():
             plot_rewards(c.logger.jsonl_path, c.out_dir / "reward.png")  # the plot follows the run
-        return metrics
-
-    def _check_finite(self, metrics: dict) -> None:
-        """Count consecutive steps whose update was skipped for a non-finite loss/gradient; abort past the limit."""
-        bad = metrics.get("actor/nonfinite_grad", 0) > 0 or metrics.get("critic/nonfinite_grad", 0) > 0
-        bad = distributed.any_process(bad)  # one counter for the whole world: every process stops at the same step
-        self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if bad else 0
-        if bad:
-            log.warning("step %d: non-finite loss or gradient, update skipped (%d in a row)",
-                        self.step, self.nonfinite_in_a_row)
-        limit = self.c.cfg.trainer.max_nonfinite_steps
-        if self.nonfinite_in_a_row >= limit:
-            raise NonFiniteTrainingError(
-                f"{self.nonfinite_in_a_row} consecutive steps ending at step {self.step} had a non-finite loss or "
-                f"gradient (trainer.max_nonfinite_steps={limit}); the non-finite updates were skipped (params and "
-                f"optimizer state kept). Check the rewards and the learning rate; "
-                f"{latest_checkpoint_text(self.c.store)}"
-            )
 
     # -- checkpoints -----------------------------------------------------------------------------------------
-
-    def _save_due(self) -> bool:
-        freq = self.c.cfg.trainer.save_freq
-        return freq > 0 and (self.step % freq == 0 or self.step == self.c.total_training_steps)
 
     def save_checkpoint(self) -> bool:
         """Save the full training state at the current step (:meth:`RunCheckpoints.save_checkpoint`); a failed
@@ -283,16 +238,13 @@ class Trainer:
         resumed = self.checkpoints.resume()
         if resumed is None:
             return False
-        self.kl_ctrl = self.kl_ctrl._replace(value=resumed.kl_ctrl_value)  # target/horizon: this run's config
+        if resumed.kl_ctrl_value is not None:
+            self.kl_ctrl = self.kl_ctrl._replace(value=resumed.kl_ctrl_value)  # target/horizon: this run's config
         self.step = resumed.step
         self.sync_rollout()  # the params were restored onto the train shardings (like=state_arrays())
         self.c.logger.truncate_after(resumed.step)  # steps logged after this checkpoint will be logged again
         log.info("resumed from %s at step %d", resumed.path, resumed.step)
         return True
-
-
-class NonFiniteTrainingError(RuntimeError):
-    """Too many consecutive steps had a non-finite loss or gradient (``trainer.max_nonfinite_steps``)."""
 
 
 def compute_advantages(algorithm_cfg, batch: RLBatch) -> tuple[np.ndarray, np.ndarray]:
@@ -325,29 +277,13 @@ def compute_advantages(algorithm_cfg, batch: RLBatch) -> tuple[np.ndarray, np.nd
     return np.asarray(adv, np.float32), np.asarray(ret, np.float32)
 
 
-@contextlib.contextmanager
-def _sigterm_flag():
-    """A ``threading.Event`` set by SIGTERM while the block runs (main thread only; elsewhere never set)."""
-    stop = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
-        yield stop
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def run_training(cfg) -> dict[str, float]:
     """Join the processes' world (:func:`jaxrl.distributed.initialize`; one process: nothing to join), build the
     run, train, write the reward plot and export the final model; returns the last metrics.
 
     With several processes every one runs this; only the primary writes the plot and the exported model (the
     others wait for it), and only it logs below WARNING."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU found" noise on CPU/GPU
-    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's per-save progress lines
+    setup_run_logging()
     t0 = time.perf_counter()
     distributed.initialize(cfg)
     if not distributed.is_primary():
@@ -372,26 +308,7 @@ def run_training(cfg) -> dict[str, float]:
         if c.logger.writes and c.logger.jsonl_path.exists():
             png = plot_rewards(c.logger.jsonl_path, c.out_dir / "reward.png")
             log.info("reward plot: %s", png)
-        from flax import nnx
-
-        from jaxrl.models.hf import save_hf
-
-        export_dir = c.out_dir / "hf_model"
-        # several processes: gathered from all (every one calls it); LoRA: the merged weights
-        params = distributed.to_host(c.actor.merged_params())
-        distributed.run_on_primary(save_hf, nnx.merge(c.actor.base_graphdef, params), c.model_cfg, export_dir,
-                                   tokenizer=c.tokenizer, share=False)
-        log.info("final model exported to %s (load with transformers or jaxrl.generate --model)", export_dir)
-        if c.actor.lora is not None:
-            from jaxrl.models.lora import save_peft_adapter
-
-            adapter_dir = c.out_dir / "lora_adapter"
-            adapters = distributed.to_host(c.actor.params)
-            distributed.run_on_primary(save_peft_adapter, adapters, c.actor.lora, adapter_dir,
-                                       num_layers=c.model_cfg.num_hidden_layers,
-                                       base_model_name_or_path=cfg.actor_rollout_ref.model.path, share=False)
-            log.info("LoRA adapter exported to %s (PEFT format: peft.PeftModel.from_pretrained(base, dir))",
-                     adapter_dir)
+        export_final_model(c, base_model_path=cfg.actor_rollout_ref.model.path)
         log.info("done in %.1f s", time.perf_counter() - t0)
         return last
     finally:

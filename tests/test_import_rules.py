@@ -102,6 +102,21 @@ def test_only_the_cli_imports_the_trainer_and_the_trainer_imports_no_role():
     assert not [i for i in trainer if _under(i, "jaxrl.workers")]
 
 
+def test_the_offline_trainers_reuse_the_loop_and_never_import_the_rl_controller():
+    """jaxrl.offline (SFT, DPO) runs on jaxrl.loop's TrainingLoop and jaxrl.run_checkpoint, never on the RL trainer,
+    its builder or the experience maker; only its build imports roles, and only its cli the trainer."""
+    forbidden = ("jaxrl.trainer", "jaxrl.build", "jaxrl.experience", "jaxrl.rollout", "jaxrl.rewards")
+    offline = _modules("jaxrl.offline")
+    for mod, imps in offline.items():
+        assert not [i for i in imps for f in forbidden if _under(i, f)], mod
+        if mod != "jaxrl.offline.build":
+            assert not [i for i in imps if _under(i, "jaxrl.workers")], mod
+    assert any(_under(i, "jaxrl.loop") for i in offline["jaxrl.offline.trainer"])
+    users = {m for m, imps in _modules("jaxrl").items()
+             if not _under(m, "jaxrl.offline") and any(_under(i, "jaxrl.offline") for i in imps)}
+    assert users == {"jaxrl.sft", "jaxrl.dpo"}, users
+
+
 def test_roles_never_import_the_controller():
     forbidden = ("jaxrl.trainer", "jaxrl.build", "jaxrl.experience", "jaxrl.run_checkpoint")
     for mod, imps in _modules("jaxrl.workers").items():
@@ -140,6 +155,8 @@ def test_only_jaxrl_distributed_knows_about_processes():
     ["jaxrl.sandbox", "jaxrl.sandbox.fusion", "jaxrl.sandbox.bwrap", "jaxrl.sandbox.__main__"],
     ["jaxrl.agent.tool_config", "jaxrl.agent.loop", "jaxrl.agent.tools", "jaxrl.agent.env", "jaxrl.agent.chat"],
     ["jaxrl.data.sources", "jaxrl.data.prepare", "jaxrl.runlock", "jaxrl.paths", "jaxrl.checkpoint"],
+    ["jaxrl.config.offline_loader", "jaxrl.offline.cli", "jaxrl.sft", "jaxrl.dpo", "jaxrl.data.sft",
+     "jaxrl.data.preference", "jaxrl.data.examples"],
     ["jaxrl.distributed", "jaxrl.launch", "jaxrl.ray_backend"],
 ])
 def test_the_fast_path_imports_no_jax(modules):

@@ -15,6 +15,9 @@
 - ``kl_control``: fixed / adaptive KL coefficient controllers (pure, checkpointable) and the
   in-reward KL penalty ``apply_kl_penalty``.
 - ``value``: clipped critic loss and explained variance.
+- ``preference``: DPO-family losses on sequence log-ratios (``"sigmoid"`` DPO with cDPO label smoothing,
+  ``"ipo"``, ``"hinge"``, ``"robust"``), implicit rewards, and the best-vs-worst pairing of a group's samples
+  (online DPO).
 - ``agg``: per-token loss -> scalar, exact under micro-batching.
 - ``logprob``: log-probs and entropies from logits in float32.
 
@@ -61,9 +64,13 @@ _EXPORTS: dict[str, tuple[str, ...]] = {  # module -> the names it exports here
     "value": (
         "compute_value_loss", "explained_variance",
     ),
+    "preference": (
+        "best_worst_pairs", "dpo_sigmoid_loss", "hinge_loss", "implicit_rewards", "ipo_loss", "robust_dpo_loss",
+        "sequence_log_probs",
+    ),
     "registry": (
         "get_adv_estimator", "get_policy_loss", "register_adv_estimator", "register_policy_loss",
-        "registered_adv_estimators", "registered_policy_losses",
+        "register_preference_loss", "registered_adv_estimators", "registered_policy_losses",
     ),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -21,7 +21,10 @@ Call contracts (every registered function follows its kind's):
 - policy loss: ``fn(old_log_prob [B, R], log_prob [B, R], advantages [B, R], response_mask [B, R], *,
   clip_ratio_low, clip_ratio_high, clip_ratio_c, loss_agg_mode, num_tokens, num_seqs, rollout_is_weights,
   **options) -> (pg_loss scalar, metrics dict[str, scalar])``; the common keywords are always passed (a loss that
-  does not use one ignores it), see :mod:`jaxrl.algorithms.policy_loss`.
+  does not use one ignores it), see :mod:`jaxrl.algorithms.policy_loss`;
+- preference loss (DPO and its relatives, ``algorithm.dpo.loss_type``): ``fn(chosen_logratios [B],
+  rejected_logratios [B], *, beta, chosen_lengths [B], rejected_lengths [B], **options) -> per-pair loss [B]``;
+  its options are keys of ``algorithm.dpo`` (``label_smoothing``), see :mod:`jaxrl.algorithms.preference`.
 
 Users register their own with the decorators (verl's ``register_adv_est`` / ``register_policy_loss``) in a
 module named by ``algorithm.external_lib``, which the config loader imports before it checks the choices::
@@ -52,6 +55,8 @@ __all__ = [
     "BUILTIN_POLICY_LOSSES",
     "ESTIMATOR_INPUTS",
     "POLICY_LOSSES",
+    "PREFERENCE_LOSSES",
+    "BUILTIN_PREFERENCE_LOSSES",
     "Entry",
     "Registry",
     "get_adv_estimator",
@@ -60,6 +65,7 @@ __all__ = [
     "needs_critic",
     "register_adv_estimator",
     "register_policy_loss",
+    "register_preference_loss",
     "registered_adv_estimators",
     "registered_policy_losses",
 ]
@@ -95,7 +101,7 @@ class Registry:
     """Name -> :class:`Entry` for one kind of function, in registration order.
 
     Args:
-      kind: ``"advantage estimator"`` or ``"policy loss"``.
+      kind: ``"advantage estimator"``, ``"policy loss"`` or ``"preference loss"``.
       valid_inputs: the batch arrays an entry of this kind may declare as ``inputs``.
     """
 
@@ -188,6 +194,7 @@ ESTIMATOR_INPUTS: tuple[str, ...] = ("values", "reward_baselines")
 
 ADV_ESTIMATORS = Registry("advantage estimator", ESTIMATOR_INPUTS)
 POLICY_LOSSES = Registry("policy loss")
+PREFERENCE_LOSSES = Registry("preference loss")
 
 _ADV = "jaxrl.algorithms.advantages"
 ADV_ESTIMATORS.declare("gae", f"{_ADV}:compute_gae_advantage_return", options=("gamma", "lam"), inputs=("values",))
@@ -212,8 +219,15 @@ POLICY_LOSSES.declare("clip_cov", f"{_COV}:compute_policy_loss_clip_cov",
 POLICY_LOSSES.declare("kl_cov", f"{_COV}:compute_policy_loss_kl_cov", options=("kl_cov_ratio", "ppo_kl_coef"))
 POLICY_LOSSES.declare("gpg", f"{_PL}:compute_policy_loss_gpg")
 
+_PREF = "jaxrl.algorithms.preference"
+PREFERENCE_LOSSES.declare("sigmoid", f"{_PREF}:dpo_sigmoid_loss", options=("label_smoothing",))
+PREFERENCE_LOSSES.declare("ipo", f"{_PREF}:ipo_loss")
+PREFERENCE_LOSSES.declare("hinge", f"{_PREF}:hinge_loss")
+PREFERENCE_LOSSES.declare("robust", f"{_PREF}:robust_dpo_loss", options=("label_smoothing",))
+
 BUILTIN_ADV_ESTIMATORS: tuple[str, ...] = ADV_ESTIMATORS.names()
 BUILTIN_POLICY_LOSSES: tuple[str, ...] = POLICY_LOSSES.names()
+BUILTIN_PREFERENCE_LOSSES: tuple[str, ...] = PREFERENCE_LOSSES.names()
 
 
 def register_adv_estimator(name: str, *, options: Sequence[str] = (), inputs: Sequence[str] = ()):
@@ -241,6 +255,19 @@ def register_policy_loss(name: str, *, options: Sequence[str] = ()):
       ValueError: see :meth:`Registry.register`.
     """
     return POLICY_LOSSES.register(name, options=options)
+
+
+def register_preference_loss(name: str, *, options: Sequence[str] = ()):
+    """Decorator registering a preference (DPO-family) loss under ``name``.
+
+    Args:
+      name: the ``algorithm.dpo.loss_type`` value that selects it.
+      options: keys of ``algorithm.dpo`` it takes (e.g. ``label_smoothing``).
+
+    Raises:
+      ValueError: see :meth:`Registry.register`.
+    """
+    return PREFERENCE_LOSSES.register(name, options=options)
 
 
 def get_adv_estimator(name: str) -> Callable:

@@ -27,7 +27,7 @@ import dataclasses
 import math
 from typing import NamedTuple, Optional
 
-__all__ = ["BatchPlan", "MicroBatch", "RolePlan", "micro_rows", "token_budgets"]
+__all__ = ["BatchPlan", "MicroBatch", "RolePlan", "micro_rows", "online_dpo_plan", "token_budgets"]
 
 
 def micro_rows(per_gpu: Optional[int], fallback: int, batch_shards: int = 1) -> int:
@@ -115,6 +115,9 @@ class RolePlan:
         ``log_prob_max_token_len_per_gpu`` when ``log_prob_use_dynamic_bsz``; critic:
         ``forward_max_token_len_per_gpu`` when ``use_dynamic_bsz``), None = calls of ``forward_rows``.
       max_token_key, forward_max_token_key: the config keys of the two budgets (messages).
+      mini_batch_key, micro_batch_key: the config keys of the mini-batch and the update micro-batch when they are
+        not ``<section>.ppo_mini_batch_size`` / ``ppo_micro_batch_size_per_gpu`` (the offline trainers':
+        ``data.train_batch_size`` / ``data.micro_batch_size_per_gpu``), for messages.
     """
 
     section: str
@@ -133,6 +136,8 @@ class RolePlan:
     forward_max_token_len: Optional[int] = None
     max_token_key: str = ""
     forward_max_token_key: str = ""
+    mini_batch_key: str = ""
+    micro_batch_key: str = ""
 
     @classmethod
     def derive(cls, section: str, *, rollout_n: int, rows_per_step: int, mini_batch_size: int,
@@ -140,7 +145,7 @@ class RolePlan:
                forward_fallback: Optional[int] = None, ppo_epochs: int = 1, batch_shards: int = 1,
                remove_padding: bool = False, max_token_len: Optional[int] = None,
                forward_max_token_len: Optional[int] = None, max_token_key: str = "",
-               forward_max_token_key: str = "") -> "RolePlan":
+               forward_max_token_key: str = "", mini_batch_key: str = "", micro_batch_key: str = "") -> "RolePlan":
         """The plan from the config values on ``batch_shards`` data-parallel devices (set micro-batches are per
         device, :func:`micro_rows`; unset ones fall back as the schema documents: the update's to the whole
         mini-batch, the forward's to ``forward_fallback`` rows, default the update micro-batch)."""
@@ -153,12 +158,18 @@ class RolePlan:
                    forward_rows=forward, ppo_epochs=int(ppo_epochs), batch_shards=int(batch_shards),
                    remove_padding=bool(remove_padding), max_token_len=max_token_len,
                    forward_max_token_len=forward_max_token_len, max_token_key=max_token_key,
-                   forward_max_token_key=forward_max_token_key)
+                   forward_max_token_key=forward_max_token_key, mini_batch_key=mini_batch_key,
+                   micro_batch_key=micro_batch_key)
 
     @property
     def micro_key(self) -> str:
         """The config key of the update micro-batch."""
-        return f"{self.section}.ppo_micro_batch_size_per_gpu"
+        return self.micro_batch_key or f"{self.section}.ppo_micro_batch_size_per_gpu"
+
+    @property
+    def mini_key(self) -> str:
+        """The config key of the mini-batch, with the factor that makes it rows (messages)."""
+        return self.mini_batch_key or f"{self.section}.ppo_mini_batch_size*rollout.n"
 
     @property
     def mini_batch_rows(self) -> int:
@@ -200,13 +211,14 @@ class RolePlan:
           ValueError: names the keys and values (per device, the data-parallel size and the global rows).
         """
         if self.mini_batch_size < 1 or self.ppo_epochs < 1 or self.rollout_n < 1 or self.batch_shards < 1:
-            raise ValueError(f"{self.section}: ppo_mini_batch_size={self.mini_batch_size}, ppo_epochs="
+            raise ValueError(f"{self.section}: the mini-batch ({self.mini_key}={self.mini_batch_size}), ppo_epochs="
                              f"{self.ppo_epochs}, rollout.n={self.rollout_n} and the data-parallel size "
                              f"{self.batch_shards} must all be >= 1")
         dp = self.batch_shards
         if self.mini_batch_rows % dp:
             raise ValueError(
-                f"{self.section}.ppo_mini_batch_size*rollout.n = {self.mini_batch_rows} responses per mini-batch "
+                f"{self.mini_key} = {self.mini_batch_rows} {'rows' if self.mini_batch_key else 'responses'} per "
+                "mini-batch "
                 f"do not split over the {dp} data-parallel devices; valid: a multiple of {dp}"
             )
         for key, budget in ((self.max_token_key, self.max_token_len),
@@ -223,7 +235,7 @@ class RolePlan:
                                         "device")
             mesh = "" if dp == 1 else f" (a micro-batch of {per_gpu} x {dp} = {self.micro_batch_rows} rows)"
             raise ValueError(
-                f"{self.section}.ppo_mini_batch_size*rollout.n = {self.mini_batch_rows}{where} must be divisible by "
+                f"{self.mini_key} = {self.mini_batch_rows}{where} must be divisible by "
                 f"{self.micro_key} = {per_gpu if per_gpu is not None else self.micro_batch_rows}{mesh}"
             )
 
@@ -352,3 +364,18 @@ class BatchPlan:
                     MicroBatch(c.forward_key, c.forward_per_gpu, c.forward_rows,
                                f"the critic's update micro-batch ({c.micro_key})")]
         return [mb for mb in out if mb.key not in unused]
+
+
+def online_dpo_plan(cfg, *, batch_shards: int = 1) -> RolePlan:
+    """Online DPO's actor plan (``algorithm.dpo.enable``), in pairs: ``ppo_mini_batch_size`` pairs per update (a
+    prompt gives at most one pair), ``ppo_micro_batch_size_per_gpu`` pairs per data-parallel device per micro-batch
+    (each pair is two sequences); the no-grad forward keeps the rollout's log-prob micro-batch (rows)."""
+    a, arr = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref
+    rows = int(cfg.data.train_batch_size) * int(arr.rollout.n)
+    return RolePlan.derive(
+        "actor_rollout_ref.actor", rollout_n=1, rows_per_step=cfg.data.train_batch_size,
+        mini_batch_size=a.ppo_mini_batch_size, micro_batch_size_per_gpu=a.ppo_micro_batch_size_per_gpu,
+        forward_key="actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+        forward_per_gpu=arr.rollout.log_prob_micro_batch_size_per_gpu, forward_fallback=rows, ppo_epochs=a.ppo_epochs,
+        batch_shards=batch_shards, mini_batch_key="actor_rollout_ref.actor.ppo_mini_batch_size (pairs)",
+    )

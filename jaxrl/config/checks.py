@@ -129,6 +129,14 @@ class Checks:
             self.fail(key, "'all-linear', a regular expression over module names, or a list of module names"
                            + (" (or null)" if name == "exclude_modules" else ""))
 
+    def preference_loss(self, prefix: str) -> None:
+        """A :class:`~jaxrl.config.schema.PreferenceLossConfig` section at ``prefix`` (``algorithm.dpo``): a
+        registered ``loss_type``, ``beta`` > 0, ``label_smoothing`` in ``[0, 0.5]`` (``robust``: ``[0, 0.5)``)."""
+        self.choice(f"{prefix}.loss_type", registry.PREFERENCE_LOSSES.names())  # built-in + external_lib's
+        self.real(f"{prefix}.beta", 0.0, lo_open=True)
+        robust = get(self.cfg, f"{prefix}.loss_type") == "robust"
+        self.real(f"{prefix}.label_smoothing", 0.0, 0.5, hi_open=robust)
+
     def real_or_off(self, key: str, *, off: float) -> None:
         """A finite number > 0, or exactly ``off`` (the documented "disabled" value)."""
         v = get(self.cfg, key)
@@ -311,6 +319,7 @@ def validate_sections(cfg: JaxRLConfig, c: Checks) -> None:
     c.int_at_least("algorithm.kl_ctrl.horizon", 1)
     c.choice("algorithm.filter_groups.metric", schema.FILTER_GROUPS_METRIC_CHOICES)
     c.int_at_least("algorithm.filter_groups.max_num_gen_batches", 0)
+    c.preference_loss("algorithm.dpo")
     # critic
     k = "critic"
     c.text(f"{k}.model.path", nullable=True)

@@ -276,28 +276,6 @@ def _is_pattern(key: str) -> bool:
     return any(c in key for c in "*?[")
 
 
-def lookup_note(key: str, *, schema_field: bool) -> str | None:
-    """The compat note for a full dotted ``key``, or None when the table has none.
-
-    An exact entry wins; otherwise, for a key that is not a schema field (``schema_field=False``),
-    the longest (most specific) matching wildcard pattern. Renamed keys are handled by
-    :func:`rename_note`, not here.
-    """
-    if key in NOTES:
-        return NOTES[key]
-    if schema_field:
-        return None
-    matches = [p for p in NOTES if _is_pattern(p) and fnmatch.fnmatchcase(key, p)]
-    if not matches:
-        return None
-    return NOTES[max(matches, key=len)]
-
-
-def rename_note(old_key: str) -> str:
-    """The note for a verl key in :data:`RENAMES` (raises KeyError for any other key)."""
-    return f"verl's older name for {RENAMES[old_key]}; the value is used there"
-
-
 def _same(value: Any, allowed: Any) -> bool:
     """``value == allowed`` without Python's ``False == 0`` / ``None`` confusions."""
     if allowed is None or isinstance(allowed, bool) or value is None or isinstance(value, bool):
@@ -305,12 +283,62 @@ def _same(value: Any, allowed: Any) -> bool:
     return value == allowed
 
 
+@dataclass(frozen=True)
+class CompatTable:
+    """One schema's three tables (see the module docstring): ``notes``, ``required_values``, ``renames``.
+
+    :data:`RL` holds the tables above (``python -m jaxrl.train``); the offline trainers have their own
+    (:mod:`jaxrl.config.offline_compat`).
+    """
+
+    notes: dict
+    required_values: dict
+    renames: dict
+
+    def lookup_note(self, key: str, *, schema_field: bool) -> str | None:
+        """The compat note for a full dotted ``key``, or None when the table has none.
+
+        An exact entry wins; otherwise, for a key that is not a schema field (``schema_field=False``),
+        the longest (most specific) matching wildcard pattern. Renamed keys are handled by
+        :meth:`rename_note`, not here.
+        """
+        if key in self.notes:
+            return self.notes[key]
+        if schema_field:
+            return None
+        matches = [p for p in self.notes if _is_pattern(p) and fnmatch.fnmatchcase(key, p)]
+        if not matches:
+            return None
+        return self.notes[max(matches, key=len)]
+
+    def rename_note(self, old_key: str) -> str:
+        """The note for a key in ``renames`` (raises KeyError for any other key)."""
+        return f"verl's older name for {self.renames[old_key]}; the value is used there"
+
+    def unsupported_value(self, key: str, value: Any) -> str | None:
+        """An error message when ``key`` is in ``required_values`` and ``value`` is not allowed, else None."""
+        allowed = self.required_values.get(key)
+        if allowed is None:
+            return None
+        if any(_same(value, a) for a in allowed):
+            return None
+        valid = ", ".join(repr(a) for a in allowed)
+        return f"{key}={value!r} is not supported: {self.notes[key]} (valid: {valid})"
+
+
+RL = CompatTable(NOTES, REQUIRED_VALUES, RENAMES)
+
+
+def lookup_note(key: str, *, schema_field: bool) -> str | None:
+    """:meth:`CompatTable.lookup_note` of the RL config's tables."""
+    return RL.lookup_note(key, schema_field=schema_field)
+
+
+def rename_note(old_key: str) -> str:
+    """:meth:`CompatTable.rename_note` of the RL config's tables."""
+    return RL.rename_note(old_key)
+
+
 def unsupported_value(key: str, value: Any) -> str | None:
-    """An error message when ``key`` is in :data:`REQUIRED_VALUES` and ``value`` is not allowed, else None."""
-    allowed = REQUIRED_VALUES.get(key)
-    if allowed is None:
-        return None
-    if any(_same(value, a) for a in allowed):
-        return None
-    valid = ", ".join(repr(a) for a in allowed)
-    return f"{key}={value!r} is not supported: {NOTES[key]} (valid: {valid})"
+    """:meth:`CompatTable.unsupported_value` of the RL config's tables."""
+    return RL.unsupported_value(key, value)

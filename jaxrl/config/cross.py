@@ -13,7 +13,7 @@ from typing import Any, Iterable, Optional
 
 from jaxrl.algorithms import registry
 from jaxrl.config import compat, schema
-from jaxrl.config.batch_plan import BatchPlan, RolePlan, token_budgets
+from jaxrl.config.batch_plan import BatchPlan, RolePlan, online_dpo_plan, token_budgets
 from jaxrl.config.checks import Checks, get, is_int
 from jaxrl.config.errors import ConfigError
 from jaxrl.config.schema import JaxRLConfig
@@ -50,7 +50,8 @@ def validate_cross(cfg: JaxRLConfig) -> None:
             f"data.train_batch_size={d.train_batch_size} x actor_rollout_ref.rollout.n={n} = "
             f"{plan.rows_per_step} responses must split evenly over {world_s} = {world} devices"
         )
-    _check_mini_batches(cfg, plan.actor)
+    if not cfg.algorithm.dpo.enable:  # online DPO's actor counts pairs: _validate_online_dpo
+        _check_mini_batches(cfg, plan.actor)
     if registry.needs_critic(cfg.algorithm.adv_estimator):
         _check_mini_batches(cfg, plan.critic)
     if d.gen_batch_size != d.train_batch_size:
@@ -90,6 +91,8 @@ def validate_cross(cfg: JaxRLConfig) -> None:
             f"trainer.test_freq={t.test_freq}); set data.val_files, or trainer.val_before_train=False "
             "and trainer.test_freq=-1"
         )
+    if cfg.algorithm.dpo.enable:
+        _validate_online_dpo(cfg)
     vk = rollout.val_kwargs
     if vk.do_sample and vk.temperature <= 0:
         raise ConfigError(
@@ -99,6 +102,38 @@ def validate_cross(cfg: JaxRLConfig) -> None:
 
 
 # ------------------------------------------------------------------------------ device mesh
+def _validate_online_dpo(cfg: JaxRLConfig) -> None:
+    """``algorithm.dpo.enable``: what online DPO needs (several samples per prompt, mini-batches of whole pairs) and
+    what it replaces (the critic, the KL terms, DAPO's filter) or does not support (packed rows, token budgets,
+    multi-turn rollouts, LoRA)."""
+    arr, alg = cfg.actor_rollout_ref, cfg.algorithm
+    a = arr.actor
+    why = "algorithm.dpo.enable=True"
+    if arr.rollout.n < 2:
+        raise ConfigError(f"{why} pairs the best and the worst of each prompt's samples: "
+                          f"actor_rollout_ref.rollout.n={arr.rollout.n} must be >= 2")
+    refused = [
+        (registry.needs_critic(alg.adv_estimator), f"algorithm.adv_estimator={alg.adv_estimator!r} (a critic: DPO "
+         "computes no advantages)"),
+        (a.use_kl_loss, "actor_rollout_ref.actor.use_kl_loss=True (DPO's beta is its KL term)"),
+        (alg.use_kl_in_reward, "algorithm.use_kl_in_reward=True (DPO's beta is its KL term)"),
+        (alg.filter_groups.enable, "algorithm.filter_groups.enable=True (DPO skips groups without a preference)"),
+        (arr.model.use_remove_padding, "actor_rollout_ref.model.use_remove_padding=True (pairs run on padded rows)"),
+        (a.use_dynamic_bsz, "actor_rollout_ref.actor.use_dynamic_bsz=True (pairs run on fixed micro-batches)"),
+        (arr.rollout.multi_turn.enable, "actor_rollout_ref.rollout.multi_turn.enable=True"),
+        (arr.model.lora_rank > 0, f"actor_rollout_ref.model.lora_rank={arr.model.lora_rank} (the preference role "
+         "trains the full model: LoRA is for the GRPO / PPO actor; lora_rank=0 is valid)"),
+    ]
+    bad = [text for on, text in refused if on]
+    if bad:
+        raise ConfigError(f"{why} does not combine with {'; '.join(bad)}; set those keys off")
+    mini, micro = a.ppo_mini_batch_size, a.ppo_micro_batch_size_per_gpu
+    if micro is not None and mini % micro:
+        raise ConfigError(
+            f"{why}: actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro} counts pairs and must divide "
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} (pairs per update); valid: {_divisors(mini)}")
+
+
 def mesh_enabled(cfg: JaxRLConfig) -> bool:
     """True when the run trains on a device mesh: any ``trainer.mesh`` axis is set, or ``trainer.placement`` is
     ``"split"``. False = every role on one device (the single-device run)."""
@@ -158,8 +193,11 @@ def check_mesh_batch_sizes(cfg: JaxRLConfig, sizes: dict[str, int]) -> None:
     plan = BatchPlan.from_config(cfg, batch_shards=shards)
     dp_s = f"{shards} data-parallel devices (trainer.mesh " + " x ".join(f"{a}={sizes[a]}" for a in axes) + ")"
     n = plan.rollout_n
-    for role in [plan.actor] + ([plan.critic] if critic else []):
-        mini_s = (f"{role.section}.ppo_mini_batch_size={role.mini_batch_size} x actor_rollout_ref.rollout.n={n} = "
+    dpo = cfg.algorithm.dpo.enable
+    actor = online_dpo_plan(cfg, batch_shards=shards) if dpo else plan.actor
+    for role in [actor] + ([plan.critic] if critic else []):
+        mini_s = (f"{role.section}.ppo_mini_batch_size={role.mini_batch_size} pairs" if role is actor and dpo else
+                  f"{role.section}.ppo_mini_batch_size={role.mini_batch_size} x actor_rollout_ref.rollout.n={n} = "
                   f"{role.mini_batch_rows} responses")
         if role.mini_batch_rows % shards:
             raise ConfigError(
@@ -203,12 +241,13 @@ def validate_mesh(cfg: JaxRLConfig, c: Checks) -> None:
     elif t.rollout_devices is not None:
         c.fail("trainer.rollout_devices", "null unless trainer.placement='split' (colocated rollout uses the train "
                "devices)")
-    _validate_sharding_rules(t.sharding_rules)
+    validate_sharding_rules(t.sharding_rules)
     if mesh_enabled(cfg) and all(sizes[a] != -1 for a in batch_mesh_axes(cfg)):
         check_mesh_batch_sizes(cfg, sizes)
 
 
-def _validate_sharding_rules(rules: Any) -> None:
+def validate_sharding_rules(rules: Any) -> None:
+    """``trainer.sharding_rules``: a mapping of known logical axes to mesh axes (raises ConfigError)."""
     key = "trainer.sharding_rules"
     if rules is None:
         return
@@ -300,10 +339,11 @@ _OPTION_SECTIONS = (
      ("norm_adv_by_std_in_grpo", "adv_std_epsilon", "gamma", "lam")),
     (registry.POLICY_LOSSES, "actor_rollout_ref.actor.policy_loss.loss_mode", "actor_rollout_ref.actor.policy_loss",
      tuple(f.name for f in dataclasses.fields(schema.PolicyLossConfig) if f.name != "loss_mode")),
+    (registry.PREFERENCE_LOSSES, "algorithm.dpo.loss_type", "algorithm.dpo", ("label_smoothing",)),
 )
 
 
-def check_declared_options(cfg: JaxRLConfig, given: Iterable[str]) -> None:
+def check_declared_options(cfg: JaxRLConfig, given: Iterable[str], *, option_sections=None) -> None:
     """A configured option the chosen estimator / policy loss does not take is an error (it would be ignored).
 
     The options of each function are declared in :mod:`jaxrl.algorithms.registry`. An option key counts as
@@ -313,13 +353,15 @@ def check_declared_options(cfg: JaxRLConfig, given: Iterable[str]) -> None:
     Args:
       cfg: the validated config.
       given: the dotted keys the file and the overrides set.
+      option_sections: ``(registry, select key, options section, option keys)`` tuples to check (default: the RL
+        config's estimator, policy loss and preference loss); the defaults are read from ``type(cfg)()``.
 
     Raises:
       ConfigError: names the option, its value, the chosen function and the options it takes (and which registered
         functions take that option); or a registered function declares an option that is no config key.
     """
     given = set(given)
-    for reg, select_key, section, option_keys in _OPTION_SECTIONS:
+    for reg, select_key, section, option_keys in (_OPTION_SECTIONS if option_sections is None else option_sections):
         name = get(cfg, select_key)
         entry = reg.entry(name)
         unknown = [o for o in entry.options if o not in option_keys]
@@ -328,7 +370,7 @@ def check_declared_options(cfg: JaxRLConfig, given: Iterable[str]) -> None:
                 f"{select_key}={name!r}: the {reg.kind} declares the option {unknown[0]!r}, which is no key under "
                 f"{section}; registered options must be among: {', '.join(option_keys)}"
             )
-        defaults = _section_defaults(section)
+        defaults = _section_defaults(section, type(cfg))
         for option in option_keys:
             key = f"{section}.{option}"
             value = get(cfg, key)
@@ -342,9 +384,9 @@ def check_declared_options(cfg: JaxRLConfig, given: Iterable[str]) -> None:
             )
 
 
-def _section_defaults(section: str) -> dict[str, Any]:
+def _section_defaults(section: str, root: type = schema.JaxRLConfig) -> dict[str, Any]:
     """The schema defaults of a config section's fields (``"algorithm"`` -> :class:`AlgorithmConfig`'s)."""
-    obj: Any = schema.JaxRLConfig()
+    obj: Any = root()
     for part in section.split("."):
         obj = getattr(obj, part)
     return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}

@@ -49,6 +49,7 @@ LOSS_AGG_MODE_CHOICES: tuple[str, ...] = (
 POLICY_LOSS_MODE_CHOICES: tuple[str, ...] = registry.BUILTIN_POLICY_LOSSES  # + user-registered ones
 ROLLOUT_NAME_CHOICES: tuple[str, ...] = ("jax", "vllm", "jetstream")
 ADV_ESTIMATOR_CHOICES: tuple[str, ...] = registry.BUILTIN_ADV_ESTIMATORS  # + user-registered ones
+PREFERENCE_LOSS_CHOICES: tuple[str, ...] = registry.BUILTIN_PREFERENCE_LOSSES  # algorithm.dpo.loss_type (+ user's)
 # built-in estimators that read the critic's values (the run builds a critic); registry.needs_critic(name) in general
 CRITIC_ADV_ESTIMATORS: tuple[str, ...] = tuple(n for n in ADV_ESTIMATOR_CHOICES if registry.needs_critic(n))
 FILTER_GROUPS_METRIC_CHOICES: tuple[str, ...] = ("acc", "score", "seq_reward", "seq_final_reward")
@@ -287,6 +288,28 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class PreferenceLossConfig:
+    """``algorithm.dpo.*`` of ``python -m jaxrl.dpo`` (and, with ``enable``, of online DPO in ``jaxrl.train``): the
+    preference loss (jaxrl.algorithms.preference; TRL DPOConfig's names)."""
+
+    # sigmoid (DPO; with label_smoothing: cDPO) | ipo | hinge | robust | one algorithm.external_lib registers
+    loss_type: str = "sigmoid"
+    beta: float = 0.1  # strength of the implicit KL to the reference (IPO: its tau), > 0 (TRL's default)
+    label_smoothing: float = 0.0  # sigmoid / robust: probability a pair's label is flipped, in [0, 0.5]
+
+
+@dataclass
+class OnlineDPOConfig(PreferenceLossConfig):
+    """``algorithm.dpo.*`` of ``python -m jaxrl.train``: online DPO (jaxrl). With ``enable`` each step's rollout.n
+    samples per prompt are scored by the reward, the best and the worst of each group become a chosen / rejected
+    pair (groups whose scores are all equal give none), and the actor takes the preference loss against the frozen
+    reference (the initial policy) instead of a policy-gradient loss: ppo_mini_batch_size counts prompts (= pairs)
+    and ppo_micro_batch_size_per_gpu pairs per device."""
+
+    enable: bool = False  # True = online DPO instead of the policy-gradient update (no advantages are computed)
+
+
+@dataclass
 class AlgorithmConfig:
     """``algorithm.*``: advantage estimation, KL-in-reward and DAPO group filtering."""
 
@@ -306,6 +329,7 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"  # KL estimator for the in-reward penalty: kl/k1, abs, mse/k2, low_var_kl/k3
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)  # KL controller section
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)  # DAPO dynamic sampling section
+    dpo: OnlineDPOConfig = field(default_factory=OnlineDPOConfig)  # jaxrl: online DPO section
     # jaxrl (verl's model.external_lib, for algorithms): module name(s) or .py file(s) imported when the config
     # loads, so the estimators / policy losses they register (@register_adv_estimator / @register_policy_loss from
     # jaxrl.algorithms.registry) are valid adv_estimator / policy_loss.loss_mode choices; str or list, null = none
@@ -591,8 +615,8 @@ def _walk(cls: type, prefix: str, leaves: dict[str, Any], sections: dict[str, ty
             leaves[key] = tp
 
 
-def schema_keys() -> tuple[dict[str, Any], dict[str, type]]:
-    """Return ``(leaves, sections)`` of :class:`JaxRLConfig`.
+def schema_keys(root: Optional[type] = None) -> tuple[dict[str, Any], dict[str, type]]:
+    """Return ``(leaves, sections)`` of the schema rooted at ``root`` (default :class:`JaxRLConfig`).
 
     ``leaves`` maps every full dotted leaf key (``"actor_rollout_ref.actor.optim.lr"``) to its
     annotated type (``float``, ``Optional[int]``, ``list[str]``, ``Any`` ...); ``sections`` maps
@@ -600,7 +624,7 @@ def schema_keys() -> tuple[dict[str, Any], dict[str, type]]:
     """
     leaves: dict[str, Any] = {}
     sections: dict[str, type] = {}
-    _walk(JaxRLConfig, "", leaves, sections)
+    _walk(JaxRLConfig if root is None else root, "", leaves, sections)
     return leaves, sections
 
 

@@ -1,12 +1,7 @@
 """Prompt pipeline: tokenise verl-format rows, filter/truncate overlong prompts, and serve shuffled,
-checkpointable batches through a `grain <https://github.com/google/grain>`_ ``MapDataset``.
-
-Order of batches (``shuffle=True``): epoch ``e`` visits every kept row exactly once, in the
-permutation ``grain.MapDataset.source(kept).shuffle(seed).repeat()[e*N:(e+1)*N]`` (grain reseeds its
-index shuffle per epoch with ``seed + e``), cut into ``batch_size`` batches; with ``drop_last`` the
-last ``N % batch_size`` rows of each epoch's permutation are not served that epoch. Because the
-grain dataset is random-access, the iterator state is just ``(epoch, step_in_epoch)`` and resuming
-reproduces an uninterrupted run exactly.
+checkpointable batches in the order of :class:`jaxrl.data.order.EpochOrder` (a `grain
+<https://github.com/google/grain>`_ ``MapDataset`` permutation per epoch over the kept rows; the iterator state is
+``(epoch, step_in_epoch)`` and resuming reproduces an uninterrupted run exactly).
 
 Note: ``grain`` imports ``jax`` on import; this module is therefore only imported on use (``import
 jaxrl.data`` exposes it lazily) so that ``jaxrl.data.sources`` / ``jaxrl.data.prepare`` stay jax-free.
@@ -16,20 +11,18 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import grain
 import numpy as np
 
+from jaxrl.data.order import EpochOrder
 from jaxrl.data.sources import SPLIT_KEYS, DataFileError
 
 logger = logging.getLogger(__name__)
 
 TRUNCATION_MODES = ("error", "left", "right")
-_STATE_VERSION = 1
 _TEMPLATE_CHUNK = 512
 
 
@@ -247,17 +240,9 @@ class PromptPipeline:
                 f"({self.num_filtered} filtered as overlong): an epoch "
                 "would have no batch; lower data.train_batch_size or give more prompts"
             )
-        self.steps_per_epoch = (
-            self.num_rows // batch_size if drop_last else math.ceil(self.num_rows / batch_size)
-        )
-
-        # Elements are positions into self._kept; grain handles the per-epoch permutation.
-        self._source = grain.MapDataset.source(list(range(self.num_rows)))
-        order = self._source.shuffle(seed) if shuffle else self._source
-        self._order = order.repeat(None)
-        self.epoch = 0
-        self._step = 0  # batches of self.epoch already returned
-        self._epoch_cache: tuple[int, grain.MapDataset] | None = None
+        self._order = EpochOrder(self.num_rows, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                                 drop_last=drop_last)
+        self.steps_per_epoch = self._order.steps_per_epoch
 
     def _limit_lengths(self, all_ids: list[list[int]], filt: bool, truncation: str) -> _Kept:
         kept, limit = _Kept(), self.max_prompt_length
@@ -286,7 +271,7 @@ class PromptPipeline:
             return f"{self._where}({files})"
         return files or self._where.strip() or "the dataset"
 
-    # ----- grain datasets -------------------------------------------------------------------
+    # ----- batches ---------------------------------------------------------------------------
     def _element(self, pos: int) -> tuple[int, list[int], dict]:
         i = self._kept.indices[pos]
         return i, self._kept.ids[pos], dict(self._rows[i])
@@ -300,23 +285,12 @@ class PromptPipeline:
             epoch=epoch,
         )
 
-    def _epoch_batches(self, epoch: int) -> grain.MapDataset:
-        """``steps_per_epoch`` batches of ``epoch`` as a random-access grain dataset (cached)."""
-        if self._epoch_cache is None or self._epoch_cache[0] != epoch:
-            n = self.num_rows
-            ds = (
-                self._order[epoch * n : (epoch + 1) * n]
-                .map(self._element)
-                .batch(
-                    self.batch_size,
-                    drop_remainder=self.drop_last,
-                    batch_fn=lambda xs, e=epoch: self._collate(xs, e),
-                )
-            )
-            self._epoch_cache = (epoch, ds)
-        return self._epoch_cache[1]
-
     # ----- training iteration ---------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """Epoch of the most recently returned batch (0 before the first)."""
+        return self._order.epoch
+
     def next_batch(self) -> PromptBatch:
         """The next batch; rolls over to the next (reshuffled) epoch after ``steps_per_epoch`` batches.
 
@@ -324,12 +298,8 @@ class PromptPipeline:
             :class:`PromptBatch` with ``batch_size`` prompts (fewer only for the last batch of an
             epoch when ``drop_last=False``).
         """
-        if self._step >= self.steps_per_epoch:
-            self.epoch += 1
-            self._step = 0
-        batch = self._epoch_batches(self.epoch)[self._step]
-        self._step += 1
-        return batch
+        positions = self._order.next_positions()
+        return self._collate([self._element(p) for p in positions], self._order.epoch)
 
     def __iter__(self) -> Iterator[PromptBatch]:
         """Infinite iterator over :meth:`next_batch`."""
@@ -339,20 +309,11 @@ class PromptPipeline:
     @property
     def global_step(self) -> int:
         """Batches returned so far over all epochs."""
-        return self.epoch * self.steps_per_epoch + self._step
+        return self._order.global_step
 
     def get_state(self) -> dict:
         """JSON-serialisable iterator state (position plus a fingerprint of the pipeline settings)."""
-        return {
-            "version": _STATE_VERSION,
-            "epoch": self.epoch,
-            "step_in_epoch": self._step,
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-            "num_rows": self.num_rows,
-            "batch_size": self.batch_size,
-            "drop_last": self.drop_last,
-        }
+        return self._order.get_state()
 
     def prompts_digest(self) -> str:
         """SHA-256 (hex) of the kept prompts' token ids in dataset order.
@@ -375,29 +336,7 @@ class PromptPipeline:
                 ``seed`` / ``shuffle`` / ``num_rows`` / ``batch_size`` / ``drop_last`` (the names and
                 both values are given).
         """
-        missing = [k for k in self.get_state() if k not in state]
-        if missing:
-            raise ValueError(f"pipeline state is missing keys {missing}; got keys {sorted(state)}")
-        mine = self.get_state()
-        diffs = [
-            f"{k}: saved {state[k]!r}, now {mine[k]!r}"
-            for k in ("version", "seed", "shuffle", "num_rows", "batch_size", "drop_last")
-            if state[k] != mine[k]
-        ]
-        if diffs:
-            raise ValueError("pipeline state does not match this pipeline (" + "; ".join(diffs) + ")")
-        epoch, step = state["epoch"], state["step_in_epoch"]
-        if not (
-            isinstance(epoch, int)
-            and epoch >= 0
-            and isinstance(step, int)
-            and 0 <= step <= self.steps_per_epoch
-        ):
-            raise ValueError(
-                f"invalid position epoch={epoch!r} step_in_epoch={step!r} "
-                f"(steps_per_epoch={self.steps_per_epoch})"
-            )
-        self.epoch, self._step = epoch, step
+        self._order.set_state(state)
 
     # ----- validation -----------------------------------------------------------------------
     def iter_batches_once(self, batch_size: int | None = None) -> Iterator[PromptBatch]:
@@ -414,5 +353,5 @@ class PromptPipeline:
         bs = self.batch_size if batch_size is None else batch_size
         if not isinstance(bs, int) or bs < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {bs!r}")
-        ds = self._source.map(self._element).batch(bs, drop_remainder=False, batch_fn=self._collate)
-        return (ds[k] for k in range(len(ds)))
+        n = self.num_rows
+        return (self._collate([self._element(p) for p in range(k, min(k + bs, n))]) for k in range(0, n, bs))

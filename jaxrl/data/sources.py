@@ -19,6 +19,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from importlib import resources
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -164,8 +165,8 @@ def _iter_json_rows(path: Path):
             yield i, ValueError(f"invalid JSON ({e.msg} at column {e.colno})")
 
 
-def _iter_parquet_rows(path: Path, prompt_key: str):
-    """Yield ``(row_no, row)`` for a parquet file; ``row_no`` is 1-based."""
+def _iter_parquet_rows(path: Path, prompt_key: str | None):
+    """Yield ``(row_no, row)`` for a parquet file; ``row_no`` is 1-based (``prompt_key``: a column it must have)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -173,7 +174,7 @@ def _iter_parquet_rows(path: Path, prompt_key: str):
         table = pq.read_table(path)
     except (pa.ArrowException, OSError) as e:
         raise DataFileError(f"{path}: unreadable parquet file ({e})") from e
-    if prompt_key not in table.column_names:
+    if prompt_key is not None and prompt_key not in table.column_names:
         raise DataFileError(
             f"{path}: parquet file has no {prompt_key!r} column (columns: {table.column_names})"
         )
@@ -181,7 +182,8 @@ def _iter_parquet_rows(path: Path, prompt_key: str):
 
 
 def load_rows_report(
-    files: str | os.PathLike | list, *, skip_malformed: bool = False, prompt_key: str = "prompt"
+    files: str | os.PathLike | list, *, skip_malformed: bool = False, prompt_key: str = "prompt",
+    row_check: Callable[[Any], str | None] | None = None,
 ) -> LoadedRows:
     """Read verl-format rows from parquet (``.parquet``) and JSON-lines (``.jsonl``/``.json``) files.
 
@@ -198,6 +200,8 @@ def load_rows_report(
         skip_malformed: False -> the first malformed row raises; True -> malformed rows are skipped,
             counted in ``num_skipped`` and described in ``skipped``.
         prompt_key: the column holding the prompt.
+        row_check: instead of the prompt check, ``row -> why it is malformed, or None`` (the offline trainers'
+            rows: :mod:`jaxrl.data.sft`, :mod:`jaxrl.data.preference`); parquet files then need no prompt column.
 
     Returns:
         :class:`LoadedRows`.
@@ -219,7 +223,7 @@ def load_rows_report(
         path = resolve_data_path(f)
         suffix = path.suffix.lower()
         if suffix in PARQUET_SUFFIXES:
-            it = _iter_parquet_rows(path, prompt_key)
+            it = _iter_parquet_rows(path, prompt_key if row_check is None else None)
             unit = "row"
         elif suffix in JSON_SUFFIXES:
             it = _iter_json_rows(path)
@@ -230,7 +234,12 @@ def load_rows_report(
                 f"supported: {list(PARQUET_SUFFIXES + JSON_SUFFIXES)}"
             )
         for no, row in it:
-            reason = str(row) if isinstance(row, Exception) else _check_prompt(row, prompt_key)
+            if isinstance(row, Exception):
+                reason = str(row)
+            elif not isinstance(row, dict):
+                reason = f"row is a {type(row).__name__}, expected a JSON object"
+            else:
+                reason = _check_prompt(row, prompt_key) if row_check is None else row_check(row)
             if reason is None:
                 rows.append(row)
                 origins.append(f"{path}:{no}")
@@ -272,6 +281,8 @@ def load_split(
     skip_malformed: bool = False,
     prompt_key: str = "prompt",
     max_samples: int | None = None,
+    row_check: Callable[[Any], str | None] | None = None,
+    row_needs: str | None = None,
 ) -> LoadedRows:
     """The rows of one split of a run (``data.train_files`` or ``data.val_files``), refusing a split with none.
 
@@ -282,6 +293,8 @@ def load_split(
       prompt_key: ``data.prompt_key``.
       max_samples: keep the first ``max_samples`` rows (``data.train_max_samples`` / ``val_max_samples``;
         None or <= 0 keeps all).
+      row_check: a row check replacing the prompt check (see :func:`load_rows_report`).
+      row_needs: what a row needs, for the messages (default: a ``prompt_key`` string or list of chat messages).
 
     Returns:
       :class:`LoadedRows` with at least one row, ``origins`` aligned with ``rows``.
@@ -294,7 +307,7 @@ def load_split(
     """
     key = SPLIT_KEYS[split]
     try:
-        loaded = load_rows_report(files, skip_malformed=skip_malformed, prompt_key=prompt_key)
+        loaded = load_rows_report(files, skip_malformed=skip_malformed, prompt_key=prompt_key, row_check=row_check)
     except FileNotFoundError as e:
         raise FileNotFoundError(
             f"{key}: {e} (verl-format parquet files are made by `python -m jaxrl.data.prepare gsm8k|math "
@@ -303,15 +316,16 @@ def load_split(
     except DataFileError as e:
         raise DataFileError(f"{key}: {e}") from e
     names = ", ".join(str(resolve_data_path(f)) for f in ([files] if isinstance(files, (str, os.PathLike)) else files))
+    needs = row_needs or f"a {prompt_key!r} string or list of chat messages"
     if not loaded.rows:
         if loaded.num_skipped:
             raise DataFileError(
                 f"{key} ({names}): all {loaded.num_skipped} rows are malformed and were skipped "
                 f"(data.skip_malformed=true), so the {split} split is empty; first: {loaded.skipped[0]}; fix the "
-                f"rows (each needs a {prompt_key!r} string or list of chat messages)"
+                f"rows (each needs {needs})"
             )
         raise DataFileError(
             f"{key} ({names}): no rows, the {split} split is empty; give a file with verl-format rows "
-            f"(one JSON object with a {prompt_key!r} per line, or parquet)"
+            f"(one JSON object with {needs} per line, or parquet)"
         )
     return loaded.head(max_samples)

@@ -65,6 +65,9 @@ def _forward_response(
     return model.logits(hidden) / temperature
 
 
+forward_response = _forward_response  # public name: the offline roles (jaxrl.workers.sft / preference) use it too
+
+
 def _forward_packed(graphdef, params, micro, temperature, activation_sharding=None):
     """Logits at the scoring columns of packed rows (:func:`jaxrl.workers.packing.packed_micro`).
 
@@ -279,8 +282,8 @@ class ActorWorker(TrainedRole):
                          rules=rules, frozen=frozen)
         self.cfg = actor_cfg
         self.lora = lora
-        # the model without adapters (the reference's graph; the merged weights' tree): the model itself without LoRA
-        self.base_graphdef = graphdef if lora is None else lora.base_graphdef
+        if lora is not None:  # the model without adapters (the reference's graph; the merged weights' tree)
+            self.base_graphdef = lora.base_graphdef
         self._merge_fn = None
         # The reference params, needed inside the loss only for the exact ("full") KL over the vocabulary; with LoRA
         # the frozen base itself (the base model with the adapters off)
@@ -322,7 +325,7 @@ class ActorWorker(TrainedRole):
         adapted kernel ``W + (alpha / r) A @ B`` (:func:`jaxrl.models.lora.merge_lora`, one jitted call; on a mesh
         laid out like the base)."""
         if self.lora is None:
-            return self.params
+            return super().merged_params()
         if self._merge_fn is None:
             from functools import partial
 

@@ -64,6 +64,10 @@ class TrainedRole:
       name: the metric prefix (``"actor"``, ``"critic"``).
       params, opt_state: the trained state (``opt_state`` is None until :meth:`init_optimizer`).
       frozen, frozen_shardings: the frozen state and (on a mesh) its shardings, or None.
+      lora: the policy's :class:`~jaxrl.models.lora.LoraInfo` when it trains LoRA adapters
+        (:class:`~jaxrl.workers.actor.ActorWorker`), else None.
+      base_graphdef: the graph :meth:`merged_params` merges into: ``graphdef`` itself unless a subclass trains LoRA
+        adapters on a policy (then the model without them).
       num_updates: optimizer updates applied so far (the schedule's count).
       rng: ``numpy.random.Generator`` of the mini-batch shuffling.
 
@@ -74,11 +78,13 @@ class TrainedRole:
     """
 
     name = "role"
+    lora = None
 
     def __init__(self, graphdef, params, *, plan: RolePlan, optim, grad_clip: float, shuffle: bool,
                  total_training_steps: int, seed: int = 0, mesh=None, rules=None, frozen=None):
         plan.check()
         self.graphdef = graphdef
+        self.base_graphdef = graphdef
         self.params = params
         self.frozen = frozen
         self.frozen_shardings = None
@@ -202,6 +208,12 @@ class TrainedRole:
     def model_state(self):
         """The current whole model state (:meth:`full_state` of :attr:`params` and :attr:`frozen`)."""
         return self.full_state(self.params, self.frozen)
+
+    def merged_params(self):
+        """The model's weights in :attr:`base_graphdef`'s tree, what the rollout engine and the Hugging Face export
+        take (``nnx.merge(base_graphdef, merged_params())`` is the model): here :meth:`model_state` (full
+        fine-tuning: :attr:`params` itself); a role with LoRA adapters on a policy merges them into the base."""
+        return self.model_state()
 
     # -- the update ------------------------------------------------------------------------------------------
 

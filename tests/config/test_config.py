@@ -102,8 +102,21 @@ def test_missing_and_malformed_config_file(tmp_path):
 
 
 # --------------------------------------------------------------------------- shipped configs
+def _offline_kind(path: Path) -> str | None:
+    """``sft`` / ``dpo`` for the offline trainers' configs (``configs/sft_*.yaml``, ``configs/dpo_*.yaml``)."""
+    kind = path.name.split("_")[0]
+    return kind if kind in ("sft", "dpo") else None
+
+
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
 def test_every_config_validates_and_round_trips(path, tmp_path):
+    kind = _offline_kind(path)
+    if kind is not None:  # python -m jaxrl.sft / jaxrl.dpo
+        from jaxrl.config.offline_loader import load_offline_config
+
+        cfg = load_offline_config(kind, path)
+        assert load_offline_config(kind, _write(tmp_path, config_to_yaml(cfg))) == cfg
+        return
     cfg = load_config(path)
     dumped = _write(tmp_path, config_to_yaml(cfg))
     assert load_config(dumped) == cfg

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from jaxrl.checkpoint import CheckpointStore
+from jaxrl.config import load_config
 from tests.test_resume import assert_same_metrics, logged_steps, records, run, start_and_kill_when
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,6 +48,8 @@ def test_quickstart_with_lora_learns_and_exports_merged_and_peft(shared, tmp_pat
     assert saved and all(".lora." in path for path in saved)  # adapters only: the base is the model file
     config = json.loads((tmp_path / "lora_adapter" / "adapter_config.json").read_text())
     assert (config["peft_type"], config["r"], config["lora_alpha"]) == ("LORA", 8, 16.0)
+    base = load_config(REPO / "configs/quickstart.yaml").actor_rollout_ref.model.path
+    assert config["base_model_name_or_path"] == base  # jaxrl.loop.export_final_model(c, base_model_path=...)
     assert (tmp_path / "lora_adapter" / "adapter_model.safetensors").is_file()
     assert (tmp_path / "hf_model" / "model.safetensors").is_file()
 

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import psutil
@@ -28,8 +29,8 @@ TINY = [
 ]
 
 
-def _run(args, timeout=1800):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def _run(args, timeout=1800, tag=""):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "JAXRL_TEST_TAG": tag}
     proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -41,25 +42,35 @@ def _run(args, timeout=1800):
     return proc.returncode, out, err
 
 
-def _scoring_processes() -> set[int]:
-    """PIDs of live scoring processes on this machine (their command line runs jaxrl.rewards.pool)."""
-    return {p.pid for p in psutil.process_iter(["cmdline"]) if "jaxrl.rewards.pool" in " ".join(p.info["cmdline"] or [])}
+def _scoring_processes(tag: str) -> set[int]:
+    """PIDs of live scoring processes (their command line runs jaxrl.rewards.pool) started by the run whose
+    environment carried ``JAXRL_TEST_TAG=tag`` (children inherit it; other runs on the machine do not count)."""
+    out = set()
+    for p in psutil.process_iter(["cmdline"]):
+        if "jaxrl.rewards.pool" not in " ".join(p.info["cmdline"] or []):
+            continue
+        try:
+            if p.environ().get("JAXRL_TEST_TAG") == tag:
+                out.add(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return out
 
 
 def test_reward_function_failing_on_every_call_stops_the_run(shared, tmp_path):
     rf = tmp_path / "always_fails.py"
     rf.write_text('def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n'
                   '    raise KeyError("reward backend lost the key")\n')
-    before = _scoring_processes()
+    tag = uuid.uuid4().hex
     code, _, err = _run(["-m", "jaxrl.train", "--config", "configs/quickstart.yaml", *TINY,
-                         f"custom_reward_function.path={rf}", f"trainer.default_local_dir={tmp_path / 'run'}"])
+                         f"custom_reward_function.path={rf}", f"trainer.default_local_dir={tmp_path / 'run'}"], tag=tag)
     assert code == 1, err[-3000:]
     assert ("jaxrl: error: the reward function failed on 4 of 4 responses (4 errors, 0 timeouts), all of them: "
             "stopping instead of training on zero rewards; first failure: index 0: KeyError: "
             "'reward backend lost the key'") in err
     assert f'File "{rf}", line 2, in compute_score' in err and "Traceback (most recent call last)" in err
     assert not (tmp_path / "run" / "metrics.jsonl").exists() or not (tmp_path / "run" / "metrics.jsonl").read_text()
-    assert _scoring_processes() - before == set()  # the run's scoring processes ended with it
+    assert _scoring_processes(tag) == set()  # the run's scoring processes ended with it
 
 
 def test_dapo_manager_with_verls_reward_kwargs_runs_the_dapo_quickstart(shared, tmp_path):
