@@ -118,7 +118,7 @@ def _xla_flops(actor, batch) -> float | None:
     arrays = actor.minibatch_arrays(batch)
     stacked, nt, ns = actor.stack_micro(arrays, np.arange(batch.size), actor.mini_batch_rows, actor.micro_batch_rows)
     try:
-        lowered = actor._update_fn.lower(actor.params, actor.opt_state, stacked, nt, ns, actor.ref_params,
+        lowered = actor._update_fn.lower(actor.params, actor.opt_state, stacked, nt, ns, actor.ref_params, actor.frozen,
                                          prompt_width=batch.prompt_width)
         cost = lowered.compile().cost_analysis()
     except Exception as e:  # noqa: BLE001 - a missing cost model is reported as "-", not a failure
@@ -238,7 +238,7 @@ def trace_breakdown(actor, batch, trace_dir: Path, top: int = 12) -> dict:
 
     arrays = actor.minibatch_arrays(batch)
     stacked, nt, ns = actor.stack_micro(arrays, np.arange(batch.size), actor.mini_batch_rows, actor.micro_batch_rows)
-    hlo = actor._update_fn.lower(actor.params, actor.opt_state, stacked, nt, ns, actor.ref_params,
+    hlo = actor._update_fn.lower(actor.params, actor.opt_state, stacked, nt, ns, actor.ref_params, actor.frozen,
                                  prompt_width=batch.prompt_width).compile().as_text()
     index = _hlo_index(hlo)
     shutil.rmtree(trace_dir, ignore_errors=True)

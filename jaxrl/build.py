@@ -118,7 +118,7 @@ def _build_components(cfg, out_dir: Path) -> Components:
 
     actor, ref = _build_actor_and_reference(cfg, graphdef, params, total, placement)
     critic = _build_critic(cfg, pre, total, placement) if needs_critic(cfg.algorithm.adv_estimator) else None
-    rollout, weight_sync = _build_rollout(cfg, pre.config, graphdef, params, tokenizer, actor, placement)
+    rollout, weight_sync = _build_rollout(cfg, pre.config, actor.base_graphdef, params, tokenizer, actor, placement)
     experience = _build_experience_maker(cfg, rollout, tokenizer, reward, reward_model)
     logger = MetricsLogger(
         cfg.trainer.logger, out_dir, project_name=cfg.trainer.project_name,
@@ -140,7 +140,8 @@ def _build_components(cfg, out_dir: Path) -> Components:
         cfg=cfg, tokenizer=tokenizer, model_cfg=pre.config, actor=actor, ref=ref, rollout=rollout, reward=reward,
         experience=experience, train_data=train_data, val_rows=val_examples, logger=logger, out_dir=out_dir,
         total_training_steps=total, store=store,
-        model_meta=model_meta(pre.config, path=arr.model.path, param_dtype=arr.model.param_dtype),
+        model_meta=model_meta(pre.config, path=arr.model.path, param_dtype=arr.model.param_dtype,
+                              lora=_lora_meta(actor.lora)),
         critic=critic, placement=placement, weight_sync=weight_sync, reward_model=reward_model,
     )
 
@@ -252,38 +253,83 @@ def _batch_plan(cfg, placement):
     return BatchPlan.from_config(cfg, batch_shards=1 if placement is None else placement.batch_shards)
 
 
+def lora_spec(model_section):
+    """The :class:`jaxrl.models.lora.LoraSpec` of a model config section (``actor_rollout_ref.model`` /
+    ``critic.model``), or None when ``lora_rank`` is 0."""
+    from jaxrl.models.lora import LoraSpec
+
+    if not model_section.lora_rank:
+        return None
+    return LoraSpec(rank=model_section.lora_rank, alpha=model_section.lora_alpha,
+                    target_modules=model_section.target_modules,
+                    exclude_modules=getattr(model_section, "exclude_modules", None))
+
+
+def _apply_lora(model, spec, *, seed: int, key: str):
+    """``jaxrl.models.lora.apply_lora`` with a target pattern that selects nothing (or the embedding) as a
+    ConfigError (the pattern is checked against the loaded model's layers)."""
+    from jaxrl.config import ConfigError
+    from jaxrl.models.lora import apply_lora
+
+    try:
+        return apply_lora(model, spec, seed=seed, key=key)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _lora_meta(info) -> dict | None:
+    """The checkpoint meta's LoRA entry (:func:`jaxrl.checkpoint.model_meta`), or None without LoRA."""
+    if info is None:
+        return None
+    return {"rank": info.spec.rank, "alpha": info.spec.alpha, "targets": list(info.targets)}
+
+
 def _build_actor_and_reference(cfg, graphdef, params, total_training_steps, placement=None):
     """The actor, and the frozen reference (a copy of the initial params) when a KL term needs it.
 
-    With a placement both live on the train mesh; the reference's params take the actor's shardings.
+    With a placement both live on the train mesh; the reference's params take the actor's shardings. With LoRA
+    (``actor_rollout_ref.model.lora_rank > 0``) the actor trains adapters on the frozen base ``params`` and the
+    reference is that base with the adapters off: the actor's own frozen arrays, no copy.
     """
     import jax
+    from flax import nnx
 
     from jaxrl.workers.actor import ActorWorker, LogProbComputer
 
     arr = cfg.actor_rollout_ref
     rollout_cfg = arr.rollout
-    ref_params = None
     online_dpo = cfg.algorithm.dpo.enable
-    if arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward or online_dpo:
-        ref_params = jax.tree.map(lambda x: x.copy(), params)  # frozen copy: the actor's buffers are updated
+    needs_ref = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward or online_dpo
+    spec = lora_spec(arr.model)  # with online DPO refused by the config checks (the preference role has no LoRA)
     plan = _batch_plan(cfg, placement)
-    if online_dpo:
-        actor = _build_preference_actor(cfg, graphdef, params, total_training_steps, placement)
+    common = dict(plan=plan.actor, temperature=rollout_cfg.temperature, total_training_steps=total_training_steps,
+                  seed=cfg.trainer.seed, **_mesh_args(placement))
+    ref_params = None
+    if spec is not None:
+        model = nnx.merge(graphdef, params)  # the same arrays: the base stays shared, never copied
+        adapters, info = _apply_lora(model, spec, seed=cfg.trainer.seed, key="actor_rollout_ref.model")
+        lora_graphdef = nnx.graphdef(model)
+        actor = ActorWorker(lora_graphdef, adapters, arr.actor, frozen=params, lora=info, **common)
+        log.info("LoRA r=%d alpha=%g on %d modules: %d adapter parameters train, the %d base parameters are frozen",
+                 spec.rank, spec.alpha, len(info.targets), sum(x.size for x in jax.tree.leaves(adapters)),
+                 sum(x.size for x in jax.tree.leaves(params)))
+        if needs_ref:
+            ref_params = actor.frozen  # the base model with the adapters off (as verl's disable_adapter)
     else:
-        actor = ActorWorker(
-            graphdef, params, arr.actor, plan=plan.actor, temperature=rollout_cfg.temperature,
-            total_training_steps=total_training_steps, seed=cfg.trainer.seed, ref_params=ref_params,
-            **_mesh_args(placement),
-        )
+        if needs_ref:
+            ref_params = jax.tree.map(lambda x: x.copy(), params)  # frozen copy: the actor's buffers are updated
+        if online_dpo:
+            actor = _build_preference_actor(cfg, graphdef, params, total_training_steps, placement)
+        else:
+            actor = ActorWorker(graphdef, params, arr.actor, ref_params=ref_params, **common)
+        if ref_params is not None and placement is not None:
+            from sharding import shard_state
+
+            ref_params = shard_state(ref_params, actor.param_shardings)
     actor.init_optimizer()  # now, so a checkpoint always has its state
     if ref_params is None:
         return actor, None
-    if placement is not None:
-        from sharding import shard_state
-
-        ref_params = shard_state(ref_params, actor.param_shardings)
-    ref = _Reference(LogProbComputer(graphdef, micro_batch_size=plan.ref_log_prob_rows,
+    ref = _Reference(LogProbComputer(actor.base_graphdef, micro_batch_size=plan.ref_log_prob_rows,
                                      temperature=rollout_cfg.temperature, remove_padding=plan.actor.remove_padding,
                                      max_token_len=plan.ref_max_token_len,
                                      max_token_key="actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
@@ -321,11 +367,12 @@ def _build_preference_actor(cfg, graphdef, params, total_training_steps, placeme
 def _build_rollout(cfg, model_cfg, graphdef, params, tokenizer, actor, placement):
     """The rollout engine and the ``WeightSync`` that feeds it (:func:`jaxrl.rollout.factory.start_rollout`): with a
     placement the engine starts on the actor's params (the JAX sampler: translated onto the rollout mesh by the
-    initial sync), without one on the policy's own single-device params."""
+    initial sync), without one on the policy's own single-device params. ``graphdef`` is the model without LoRA
+    adapters: engines get merged weights (:meth:`ActorWorker.merged_params`)."""
     from jaxrl.rollout.factory import start_rollout
 
     weight_sync = start_rollout(
-        cfg, model_cfg, graphdef, actor.params if placement else params, tokenizer,
+        cfg, model_cfg, graphdef, actor.merged_params() if placement else params, tokenizer,
         mesh=placement.rollout_mesh if placement else None, rules=placement.rollout_rules if placement else None,
         split=placement is not None and placement.kind == "split",
     )
@@ -336,7 +383,8 @@ def _build_rollout(cfg, model_cfg, graphdef, params, tokenizer, actor, placement
 
 
 def _build_critic(cfg, policy, total_training_steps, placement=None):
-    """PPO's critic: a value model from ``critic.model.path`` or, when unset, from the policy's weights."""
+    """PPO's critic: a value model from ``critic.model.path`` or, when unset, from the policy's weights; with
+    ``critic.model.lora_rank > 0`` LoRA adapters on its backbone (trained with the value head, the backbone frozen)."""
     from flax import nnx
 
     from jaxrl.models.value_model import build_value_model
@@ -347,10 +395,17 @@ def _build_critic(cfg, policy, total_training_steps, placement=None):
         cc.model.path, policy, param_dtype=cc.model.param_dtype, dtype=cc.model.dtype,
         remat=cc.model.enable_gradient_checkpointing, seed=cfg.trainer.seed,
     )
-    graphdef, params = nnx.split(model)
+    frozen = None
+    spec = lora_spec(cc.model)
+    if spec is None:
+        graphdef, params = nnx.split(model)
+    else:  # adapters on the backbone; adapters and the value head train (PEFT's TOKEN_CLS modules_to_save)
+        _apply_lora(model.backbone, spec, seed=cfg.trainer.seed, key="critic.model")
+        head = nnx.Any(nnx.PathContains("value_head"), nnx.PathContains("value_bias"))
+        graphdef, params, frozen = nnx.split(model, nnx.Any(nnx.LoRAParam, head), ...)
     critic = CriticWorker(
         graphdef, params, cc, plan=_batch_plan(cfg, placement).critic, total_training_steps=total_training_steps,
-        seed=cfg.trainer.seed, **_mesh_args(placement),  # the critic follows the actor's mesh
+        seed=cfg.trainer.seed, frozen=frozen, **_mesh_args(placement),  # the critic follows the actor's mesh
     )
     critic.init_optimizer()
     return critic

@@ -1,4 +1,5 @@
-"""``python -m jaxrl.export CHECKPOINT --output DIR [--step N]``: a training checkpoint as a Hugging Face model.
+"""``python -m jaxrl.export CHECKPOINT --output DIR [--step N] [--format merged|peft]``: a training checkpoint as a
+Hugging Face model (or, for a LoRA run, as a PEFT adapter).
 
 ``CHECKPOINT`` is a run's checkpoint directory (``trainer.default_local_dir``; its newest restorable step is
 used, or ``--step N``) or one step folder ``<run>/global_step_<N>``. Only the actor's parameters are read (no
@@ -7,6 +8,11 @@ optimizer state); the decoder is rebuilt from the HF config stored in the checkp
 ``model.safetensors`` and the tokenizer (``<run>/tokenizer``, else the one of the run's model path), loadable
 with ``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` and ``python -m jaxrl.generate --model DIR``.
 Arrays are restored into host (CPU) memory, so no accelerator memory is needed.
+
+A LoRA run's checkpoint (``meta["model"]["lora"]``) holds the adapters only: ``--format merged`` (the default)
+loads the base model from the run's ``actor_rollout_ref.model.path`` and writes ``W + (alpha / r) A B``;
+``--format peft`` writes the adapters alone as ``adapter_config.json`` + ``adapter_model.safetensors``, what
+``peft.PeftModel.from_pretrained(base_model, DIR)`` loads.
 
 Exit status: 0 on success, 2 on bad input (a missing or incomplete checkpoint, a checkpoint without model
 meta, an output folder that is not empty); the message on stderr names the path.
@@ -21,7 +27,9 @@ import shutil
 import sys
 from pathlib import Path
 
-__all__ = ["build_parser", "export_checkpoint", "main", "resolve_checkpoint_arg"]
+__all__ = ["FORMATS", "build_parser", "export_checkpoint", "main", "resolve_checkpoint_arg"]
+
+FORMATS = ("merged", "peft")
 
 log = logging.getLogger("jaxrl.export")
 
@@ -36,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="a run's checkpoint directory, or one of its global_step_<N> folders")
     p.add_argument("--output", required=True, help="folder to write the Hugging Face model to (new or empty)")
     p.add_argument("--step", type=int, default=None, help="step to export (default: the newest restorable one)")
+    p.add_argument("--format", choices=FORMATS, default="merged",
+                   help="merged: a Hugging Face model (LoRA merged into the base); peft: a LoRA run's adapter as a "
+                        "PEFT adapter directory")
     return p
 
 
@@ -105,22 +116,15 @@ def is_checkpoint_path(path: str | os.PathLike) -> bool:
     return parse_step_dir(p) is not None or any(parse_step_dir(c) is not None for c in p.iterdir() if c.is_dir())
 
 
-def load_checkpoint_policy(checkpoint: str | os.PathLike, *, step: int | None = None):
-    """The actor of a training checkpoint as ``(step, Pretrained)`` (params on the CPU, tokenizer included).
-
-    Args:
-      checkpoint: a run's checkpoint directory or one ``global_step_<N>`` folder (see the module docstring).
-      step: the step to load; None = the step folder's, or the newest restorable step of the run.
-
-    Raises:
-      ExportError: bad input (missing/incomplete checkpoint, no model meta, no tokenizer).
-      jaxrl.checkpoint.CheckpointRestoreError: no restorable checkpoint (message names the folder and steps).
-    """
+def _restore_actor(checkpoint: str | os.PathLike, step: int | None):
+    """``(step, built, params, store)``: the actor's saved params (the whole policy, or a LoRA run's adapters)
+    restored on the CPU; ``built`` holds ``cfg``, ``graphdef``, ``model`` (the meta entry) and, for LoRA, ``lora``
+    (a :class:`jaxrl.models.lora.LoraInfo`)."""
     import jax
     from flax import nnx
 
     from jaxrl.checkpoint import CheckpointRestoreError, CheckpointStore
-    from jaxrl.models import Pretrained, parse_dtype
+    from jaxrl.models import parse_dtype
     from jaxrl.models.config import ModelConfig
     from jaxrl.models.decoder import Decoder
 
@@ -142,6 +146,13 @@ def load_checkpoint_policy(checkpoint: str | os.PathLike, *, step: int | None = 
         abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0), param_dtype=dtype, dtype=dtype))
         graphdef, params = nnx.split(abstract)
         built.update(cfg=cfg, graphdef=graphdef, model=model)
+        if model.get("lora"):  # a LoRA run: the checkpoint holds the adapters (their tree from the recorded targets)
+            from jaxrl.models.lora import LoraSpec, apply_lora
+
+            lora = model["lora"]
+            spec = LoraSpec(rank=int(lora["rank"]), alpha=float(lora["alpha"]), target_modules=list(lora["targets"]))
+            params, info = apply_lora(abstract, spec)
+            built["lora"] = info
         target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=cpu), params)
         return {"actor": {"params": target}}
 
@@ -153,38 +164,110 @@ def load_checkpoint_policy(checkpoint: str | os.PathLike, *, step: int | None = 
         raise
     finally:
         store.close()
-    model = nnx.merge(built["graphdef"], arrays["actor"]["params"])
+    return step, built, arrays["actor"]["params"], store
+
+
+def _base_model(built: dict):
+    """A LoRA run's base model (``meta["model"]["path"]``, in the run's parameter dtype) on the CPU.
+
+    Raises:
+      ExportError: no path, or the model there does not have the checkpoint's config.
+    """
+    import jax
+
+    from jaxrl.models import load_pretrained
+
+    model = built["model"]
+    path = model.get("path")
+    if not path:
+        raise ExportError("a LoRA checkpoint needs its base model, but meta['model'] has no path")
+    with jax.default_device(jax.devices("cpu")[0]):
+        base = load_pretrained(path, param_dtype=model["param_dtype"], dtype=model["param_dtype"],
+                               load_tokenizer=False)
+    if base.config != built["cfg"]:
+        raise ExportError(f"the base model at {path!r} is not the one the LoRA checkpoint was trained on (its config "
+                          "differs from meta['model']['hf_config'])")
+    return base.model
+
+
+def load_checkpoint_policy(checkpoint: str | os.PathLike, *, step: int | None = None):
+    """The actor of a training checkpoint as ``(step, Pretrained)`` (params on the CPU, tokenizer included); a LoRA
+    run's adapters merged into its base model (``W + (alpha / r) A B``).
+
+    Args:
+      checkpoint: a run's checkpoint directory or one ``global_step_<N>`` folder (see the module docstring).
+      step: the step to load; None = the step folder's, or the newest restorable step of the run.
+
+    Raises:
+      ExportError: bad input (missing/incomplete checkpoint, no model meta, no tokenizer, a LoRA run's base model
+        missing or different).
+      jaxrl.checkpoint.CheckpointRestoreError: no restorable checkpoint (message names the folder and steps).
+    """
+    from flax import nnx
+
+    from jaxrl.models import Pretrained
+
+    step, built, params, store = _restore_actor(checkpoint, step)
+    if "lora" in built:
+        from jaxrl.models.lora import merge_lora
+
+        base = _base_model(built)
+        model_graphdef, base_params = nnx.split(base)
+        model = nnx.merge(model_graphdef, merge_lora(params, base_params, built["lora"].spec.scale))
+    else:
+        model = nnx.merge(built["graphdef"], params)
     tokenizer = _load_export_tokenizer(store, built["model"])
-    log.info("loaded step %d of %s", step, root)
+    log.info("loaded step %d of %s", step, store.directory)
     return step, Pretrained(config=built["cfg"], model=model, tokenizer=tokenizer)
 
 
-def export_checkpoint(checkpoint: str | os.PathLike, output: str | os.PathLike, *, step: int | None = None) -> Path:
-    """Write the actor of a training checkpoint as a Hugging Face model folder.
+def export_checkpoint(checkpoint: str | os.PathLike, output: str | os.PathLike, *, step: int | None = None,
+                      format: str = "merged") -> Path:
+    """Write the actor of a training checkpoint as a Hugging Face model folder (or a LoRA run's PEFT adapter).
 
     Args:
       checkpoint: a run's checkpoint directory or one ``global_step_<N>`` folder (see the module docstring).
       output: the folder to create (it may exist if empty); written to a temporary sibling and renamed, so a
         failed export leaves no half-written model.
       step: the step to export; None = the step folder's, or the newest restorable step of the run.
+      format: ``"merged"`` (a Hugging Face model; LoRA merged into the base) or ``"peft"`` (a LoRA run's adapters:
+        ``adapter_config.json`` + ``adapter_model.safetensors``).
 
     Returns:
       The output folder.
 
     Raises:
-      ExportError: bad input (missing/incomplete checkpoint, no model meta, no tokenizer, output not empty).
+      ExportError: bad input (missing/incomplete checkpoint, no model meta, no tokenizer, output not empty,
+        ``format="peft"`` for a checkpoint without LoRA, an unknown format).
       jaxrl.checkpoint.CheckpointRestoreError: no restorable checkpoint (message names the folder and steps).
     """
     from jaxrl.models.hf import save_hf
 
+    if format not in FORMATS:
+        raise ExportError(f"format={format!r} is unknown; valid: {', '.join(FORMATS)}")
     out = Path(output).expanduser().absolute()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"output {str(out)!r} already exists and is not an empty folder")
-    step, pre = load_checkpoint_policy(checkpoint, step=step)
+    if format == "peft":
+        step, built, params, _ = _restore_actor(checkpoint, step)
+        if "lora" not in built:
+            raise ExportError(f"checkpoint {str(checkpoint)!r} was not trained with LoRA (no meta['model']['lora']); "
+                              "--format peft needs a LoRA run, use --format merged")
+
+        def write(tmp):
+            from jaxrl.models.lora import save_peft_adapter
+
+            save_peft_adapter(params, built["lora"], tmp, num_layers=built["cfg"].num_hidden_layers,
+                              base_model_name_or_path=built["model"].get("path"))
+    else:
+        step, pre = load_checkpoint_policy(checkpoint, step=step)
+
+        def write(tmp):
+            save_hf(pre.model, pre.config, tmp, tokenizer=pre.tokenizer)
     tmp = out.parent / f".{out.name}.export-tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        save_hf(pre.model, pre.config, tmp, tokenizer=pre.tokenizer)
+        write(tmp)
         if out.exists():
             out.rmdir()  # empty (checked above)
         os.replace(tmp, out)
@@ -202,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     from jaxrl.checkpoint import CheckpointRestoreError
 
     try:
-        out = export_checkpoint(args.checkpoint, args.output, step=args.step)
+        out = export_checkpoint(args.checkpoint, args.output, step=args.step, format=args.format)
     except (ExportError, CheckpointRestoreError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

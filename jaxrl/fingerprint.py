@@ -18,6 +18,8 @@ Fingerprint keys (version 1)::
     data.num_prompts             prompts kept after filtering
     data.prompts_sha256          digest of the kept prompts' token ids in dataset order (changes with the train
                                  files' content, max_prompt_length filtering/truncation, the tokenizer, ...)
+    <lora key>                   only with LoRA: actor_rollout_ref.model.lora_rank / lora_alpha / lora_targets (and the
+                                 critic.model.* ones): the adapters' meaning (alpha scales them) and where they sit
     arrays                       {"<role>.<part>": {"<leaf path>": "<dtype>[<shape>]"}} for every saved tree
     context                      settings that decide the prompts (data.train_files, data.max_prompt_length, ...);
                                  reported next to a data difference, never a difference on their own (moving the
@@ -65,7 +67,7 @@ def tree_signature(tree: Any) -> dict[str, str]:
 
 
 def fingerprint(*, model: Mapping, roles: list[str], arrays: Mapping[str, Mapping[str, Any]],
-                data: Mapping[str, Any], context: Mapping[str, Any]) -> dict:
+                data: Mapping[str, Any], context: Mapping[str, Any], settings: Mapping[str, Any] | None = None) -> dict:
     """The fingerprint of a run's checkpointable state.
 
     Args:
@@ -75,6 +77,9 @@ def fingerprint(*, model: Mapping, roles: list[str], arrays: Mapping[str, Mappin
       data: the settings the data-iterator position depends on, under their config names
         (``data.train_batch_size``, ``data.seed``, ``data.shuffle``, ``data.num_prompts``, ``data.prompts_sha256``...).
       context: settings that explain a data difference (``data.train_files`` ...), never compared on their own.
+      settings: other settings the saved state depends on, compared like the data keys (LoRA's
+        ``actor_rollout_ref.model.lora_rank`` ...; only present when LoRA is on, so full fine-tuning fingerprints
+        are unchanged).
 
     Returns:
       A JSON-serialisable dict (layout in the module docstring).
@@ -85,6 +90,7 @@ def fingerprint(*, model: Mapping, roles: list[str], arrays: Mapping[str, Mappin
     fp["model.param_dtype"] = model.get("param_dtype")
     fp["roles"] = ",".join(roles)
     fp.update({k: _jsonable(v) for k, v in data.items()})
+    fp.update({k: _jsonable(v) for k, v in (settings or {}).items()})
     fp["arrays"] = {f"{r}.{p}": tree_signature(tree) for r, parts in arrays.items() for p, tree in parts.items()}
     fp["context"] = {k: _jsonable(v) for k, v in context.items()}
     return fp

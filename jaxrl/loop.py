@@ -8,7 +8,7 @@ metric shown on the progress bar. The components object ``c`` it runs over provi
 (:class:`jaxrl.metrics.MetricsLogger`) and ``store`` (:class:`jaxrl.checkpoint.CheckpointStore`).
 
 Also the two ends of every run: :func:`setup_run_logging` and :func:`export_final_model` (the trained policy as a
-Hugging Face folder, ``<run>/hf_model``).
+Hugging Face folder, ``<run>/hf_model``; with LoRA also the adapter in PEFT's format, ``<run>/lora_adapter``).
 """
 
 from __future__ import annotations
@@ -195,9 +195,13 @@ def setup_run_logging() -> None:
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's per-save progress lines
 
 
-def export_final_model(c) -> None:
-    """Write the trained policy (``c.actor``'s params over ``c.actor.graphdef``) as a Hugging Face model folder,
-    ``c.out_dir / "hf_model"``, with ``c.tokenizer``; loadable by transformers and ``jaxrl.generate --model``.
+def export_final_model(c, base_model_path: str | None = None) -> None:
+    """Write the trained policy as a Hugging Face model folder, ``c.out_dir / "hf_model"``, with ``c.tokenizer``;
+    loadable by transformers and ``jaxrl.generate --model``. The weights are ``c.actor.merged_params()`` over
+    ``c.actor.base_graphdef`` (:class:`jaxrl.workers.trained_role.TrainedRole`): the params themselves for full
+    fine-tuning; with LoRA (``c.actor.lora`` set) the base with the adapters merged in (``W + (alpha / r) A B``),
+    and the adapters alone also go to ``c.out_dir / "lora_adapter"`` in PEFT's format
+    (:func:`jaxrl.models.lora.save_peft_adapter`, ``base_model_name_or_path`` = ``base_model_path``).
 
     With several processes every one calls it (the params are gathered from all); only the primary writes.
     """
@@ -205,8 +209,19 @@ def export_final_model(c) -> None:
 
     from jaxrl.models.hf import save_hf
 
+    actor = c.actor
     export_dir = c.out_dir / "hf_model"
-    params = distributed.to_host(c.actor.params)  # several processes: gathered from all (every one calls it)
-    distributed.run_on_primary(save_hf, nnx.merge(c.actor.graphdef, params), c.model_cfg, export_dir,
+    params = distributed.to_host(actor.merged_params())  # several processes: gathered from all (every one calls it)
+    distributed.run_on_primary(save_hf, nnx.merge(actor.base_graphdef, params), c.model_cfg, export_dir,
                                tokenizer=c.tokenizer, share=False)
     log.info("final model exported to %s (load with transformers or jaxrl.generate --model)", export_dir)
+    if actor.lora is None:
+        return
+    from jaxrl.models.lora import save_peft_adapter
+
+    adapter_dir = c.out_dir / "lora_adapter"
+    adapters = distributed.to_host(actor.params)
+    distributed.run_on_primary(save_peft_adapter, adapters, actor.lora, adapter_dir,
+                               num_layers=c.model_cfg.num_hidden_layers, base_model_name_or_path=base_model_path,
+                               share=False)
+    log.info("LoRA adapter exported to %s (PEFT format: peft.PeftModel.from_pretrained(base, dir))", adapter_dir)

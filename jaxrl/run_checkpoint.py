@@ -74,7 +74,7 @@ class RunCheckpoints:
             arrays = self.state_arrays()
             data, context = self.data_fingerprint()
             self._fingerprint = fingerprint(model=self.c.model_meta, roles=list(arrays), arrays=arrays, data=data,
-                                            context=context)
+                                            context=context, settings=self.settings_fingerprint())
         return self._fingerprint
 
     def data_fingerprint(self) -> tuple[dict, dict]:
@@ -97,6 +97,24 @@ class RunCheckpoints:
             "actor_rollout_ref.model.tokenizer_path": model.tokenizer_path,
         }
         return data, context
+
+    def settings_fingerprint(self) -> dict:
+        """The other settings the saved arrays depend on (``settings`` of :func:`jaxrl.fingerprint.fingerprint`,
+        compared on resume): LoRA's ``<section>.lora_rank`` / ``lora_alpha`` / ``target_modules`` /
+        ``exclude_modules`` of ``actor_rollout_ref.model`` (and ``critic.model`` with a critic) where LoRA is on;
+        empty without LoRA, so full fine-tuning fingerprints are unchanged."""
+        c = self.c
+        settings = {}
+        sections = [("actor_rollout_ref.model", c.cfg.actor_rollout_ref.model)]
+        if c.critic is not None:
+            sections.append(("critic.model", c.cfg.critic.model))
+        for prefix, section in sections:
+            if getattr(section, "lora_rank", 0):
+                settings.update({f"{prefix}.lora_rank": section.lora_rank,
+                                 f"{prefix}.lora_alpha": section.lora_alpha,
+                                 f"{prefix}.target_modules": section.target_modules,
+                                 f"{prefix}.exclude_modules": getattr(section, "exclude_modules", None)})
+        return settings
 
     def _batch_key(self) -> str:
         """The config key that sets the prompt pipeline's batch size: ``data.gen_batch_size`` under DAPO dynamic

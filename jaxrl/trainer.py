@@ -134,8 +134,9 @@ class Trainer(TrainingLoop):
     def sync_rollout(self) -> int:
         """Give the rollout engine the actor's current weights through the run's
         :class:`~jaxrl.rollout.weight_sync.WeightSync` (the only caller of ``engine.update_weights``); returns the
-        bytes moved between devices. Any failure raises ``WeightSyncError``."""
-        return self.c.weight_sync.sync(self.c.actor.params).bytes_moved
+        bytes moved between devices. With LoRA the engine gets the merged weights (``ActorWorker.merged_params``).
+        Any failure raises ``WeightSyncError``."""
+        return self.c.weight_sync.sync(self.c.actor.merged_params()).bytes_moved
 
     def _seed(self) -> int:
         return int(self.c.cfg.trainer.seed) * 1_000_003 + self.step
@@ -307,7 +308,7 @@ def run_training(cfg) -> dict[str, float]:
         if c.logger.writes and c.logger.jsonl_path.exists():
             png = plot_rewards(c.logger.jsonl_path, c.out_dir / "reward.png")
             log.info("reward plot: %s", png)
-        export_final_model(c)
+        export_final_model(c, base_model_path=cfg.actor_rollout_ref.model.path)
         log.info("done in %.1f s", time.perf_counter() - t0)
         return last
     finally:

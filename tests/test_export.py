@@ -143,3 +143,60 @@ def test_export_bad_input_exits_2(run_dir, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "model description" in err and str(bare) in err
     assert not (tmp_path / "o5").exists()
+
+
+def test_lora_checkpoint_exports_merged_and_peft(shared, tmp_path, capsys):
+    """A LoRA run's checkpoint holds the adapters only: ``--format merged`` loads the base from the run's model path
+    and writes ``W + (alpha / r) A B`` (computed here in numpy on the HF tensors), ``--format peft`` the adapter;
+    a full fine-tuning checkpoint has no adapter to export."""
+    from safetensors.numpy import load_file
+
+    from jaxrl.models import load_pretrained
+    from jaxrl.models.hf import to_hf_tensors
+    from jaxrl.models.lora import LoraSpec, apply_lora
+
+    model_path = shared / "models" / "stories260K"
+    pre = load_pretrained(str(model_path))
+    graphdef, base = nnx.split(pre.model)
+    hf_base = to_hf_tensors(nnx.merge(graphdef, base))
+    spec = LoraSpec(rank=2, alpha=6.0, target_modules=["q_proj", "down_proj"])
+    adapters, info = apply_lora(pre.model, spec, seed=1)
+    rng = np.random.default_rng(2)
+    adapters = jax.tree.map(lambda x: jax.numpy.asarray(np.asarray(x) + 0.05 * rng.standard_normal(x.shape),
+                                                        np.float32), adapters)
+    root = tmp_path / "run"
+    store = CheckpointStore(root, max_to_keep=None, async_save=False)
+    store.save_tokenizer(pre.tokenizer)
+    lora = {"rank": spec.rank, "alpha": spec.alpha, "targets": list(info.targets)}
+    meta = {"step": 3, "model": model_meta(pre.config, path=str(model_path), param_dtype="float32", lora=lora)}
+    store.save(3, arrays={"actor": {"params": adapters, "opt_state": optax.adamw(1e-3).init(adapters)}}, meta=meta)
+    store.close()
+
+    assert export_main([str(root), "--output", str(tmp_path / "merged")]) == 0
+    merged = load_file(str(tmp_path / "merged" / "model.safetensors"))
+    assert merged.keys() == hf_base.keys()
+    changed = 0
+    for name, w in hf_base.items():
+        expected = w.astype(np.float64)
+        module = name[: -len(".weight")]
+        if module in info.targets:
+            layer, sub, proj = module.split(".")[2], module.split(".")[3], module.split(".")[4]
+            pair = adapters["layers"][int(layer)][sub]["lora"][proj]
+            a, b = (np.asarray(pair[k].get_value(), np.float64) for k in ("lora_a", "lora_b"))
+            expected = expected + (spec.alpha / spec.rank) * (a @ b).T  # HF [out, in]
+            changed += 1
+        np.testing.assert_allclose(merged[name], expected, rtol=0, atol=1e-6, err_msg=name)
+    assert changed == len(info.targets) == 2 * pre.config.num_hidden_layers
+
+    assert export_main([str(root), "--output", str(tmp_path / "peft"), "--format", "peft"]) == 0
+    config = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["target_modules"]) == (2, 6.0, ["q_proj", "down_proj"])
+    assert config["base_model_name_or_path"] == str(model_path)
+    assert len(load_file(str(tmp_path / "peft" / "adapter_model.safetensors"))) == 2 * len(info.targets)
+    capsys.readouterr()
+
+
+def test_peft_export_of_a_full_checkpoint_is_refused(run_dir, tmp_path, capsys):
+    assert export_main([str(run_dir["root"]), "--output", str(tmp_path / "peft"), "--format", "peft"]) == 2
+    assert "was not trained with LoRA" in capsys.readouterr().err
+    assert not (tmp_path / "peft").exists()

@@ -72,10 +72,12 @@ def assert_same_metrics(a: dict, b: dict, steps) -> None:
                 assert x == y, (step, k)
 
 
-def start_and_kill_when(out_dir: Path, ready, cmd: list[str] | None = None) -> None:
-    """Start a run (``cmd``, default the tiny quickstart into ``out_dir``) and SIGKILL it as soon as ``ready()`` is
-    true (polled every 2 ms)."""
-    proc = subprocess.Popen(command(out_dir) if cmd is None else cmd, cwd=REPO, stdout=subprocess.DEVNULL,
+def start_and_kill_when(out_dir: Path, ready, cmd: list[str] | None = None, extra=()) -> None:
+    """Start a run (``cmd``, default the tiny quickstart into ``out_dir`` with the ``extra`` overrides,
+    ``command(out_dir, extra)``) and SIGKILL it as soon as ``ready()`` is true (polled every 2 ms)."""
+    if cmd is not None and extra:
+        raise ValueError("start_and_kill_when: pass the overrides inside cmd, or extra= with the default command")
+    proc = subprocess.Popen(command(out_dir, extra) if cmd is None else cmd, cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 600

@@ -50,7 +50,7 @@ def latest_complete_step(directory: str | os.PathLike) -> int | None:
 # --------------------------------------------------------------------------------------------- helpers
 
 
-def model_meta(model_cfg, *, path: str, param_dtype: str) -> dict:
+def model_meta(model_cfg, *, path: str, param_dtype: str, lora: dict | None = None) -> dict:
     """The ``meta["model"]`` entry :mod:`jaxrl.export` needs to rebuild the policy without the original files.
 
     Args:
@@ -58,11 +58,18 @@ def model_meta(model_cfg, *, path: str, param_dtype: str) -> dict:
       path: the model spec the run was started from (``actor_rollout_ref.model.path``); the export falls back
         to its tokenizer when the checkpoint root has no ``tokenizer/``.
       param_dtype: the stored parameter dtype name (``"float32"`` / ``"bfloat16"``).
+      lora: the actor's LoRA adapters, ``{"rank", "alpha", "targets": [HF module names]}``, or None (full
+        fine-tuning: the checkpoint holds the whole policy). With LoRA the checkpoint holds the adapters only and
+        the export rebuilds the policy from the base model at ``path``.
 
     Returns:
-      ``{"hf_config": model_cfg.to_hf_config(), "path": path, "param_dtype": param_dtype}`` (JSON-serialisable).
+      ``{"hf_config": model_cfg.to_hf_config(), "path": path, "param_dtype": param_dtype}`` (+ ``"lora"``)
+      (JSON-serialisable).
     """
-    return {"hf_config": model_cfg.to_hf_config(), "path": str(path), "param_dtype": str(param_dtype)}
+    meta = {"hf_config": model_cfg.to_hf_config(), "path": str(path), "param_dtype": str(param_dtype)}
+    if lora is not None:
+        meta["lora"] = {"rank": int(lora["rank"]), "alpha": float(lora["alpha"]), "targets": list(lora["targets"])}
+    return meta
 
 
 def max_to_keep_from_config(max_actor_ckpt_to_keep: int | None, max_critic_ckpt_to_keep: int | None, *,

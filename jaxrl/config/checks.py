@@ -99,6 +99,36 @@ class Checks:
         self.real(f"{prefix}.min_lr_ratio", 0.0, 1.0)
         self.choice(f"{prefix}.lr_scheduler_type", schema.LR_SCHEDULER_CHOICES)
 
+    def lora(self, prefix: str) -> None:
+        """The LoRA keys of a model section (``lora_rank``, ``lora_alpha``, ``target_modules``, ``exclude_modules``
+        where the section has it): whether a pattern selects anything is checked against the model at build."""
+        self.int_at_least(f"{prefix}.lora_rank", 0)
+        if get(self.cfg, f"{prefix}.lora_rank") == 0:
+            return
+        self.real(f"{prefix}.lora_alpha", 0.0, lo_open=True)
+        for name in ("target_modules", "exclude_modules"):
+            key = f"{prefix}.{name}"
+            section = get(self.cfg, prefix)
+            if not hasattr(section, name):
+                continue
+            v = getattr(section, name)
+            if v is None and name == "exclude_modules":
+                continue
+            if isinstance(v, (list, tuple)) and v and all(isinstance(x, str) and x.strip() for x in v):
+                bad = [x for x in v if x.split(".")[-1] in ("embed_tokens", "lm_head")]
+                if bad:
+                    self.fail(key, f"projection names (LoRA on {', '.join(bad)} is not supported): q_proj, k_proj, "
+                                   "v_proj, o_proj, gate_proj, up_proj, down_proj, or 'all-linear'")
+                continue
+            if isinstance(v, str) and v.strip():
+                try:
+                    re.compile(v)
+                except re.error as e:
+                    self.fail(key, f"'all-linear', a regular expression ({e}) or a list of module names")
+                continue
+            self.fail(key, "'all-linear', a regular expression over module names, or a list of module names"
+                           + (" (or null)" if name == "exclude_modules" else ""))
+
     def preference_loss(self, prefix: str) -> None:
         """A :class:`~jaxrl.config.schema.PreferenceLossConfig` section at ``prefix`` (``algorithm.dpo``): a
         registered ``loss_type``, ``beta`` > 0, ``label_smoothing`` in ``[0, 0.5]`` (``robust``: ``[0, 0.5)``)."""
@@ -216,6 +246,7 @@ def validate_sections(cfg: JaxRLConfig, c: Checks) -> None:
     c.text("actor_rollout_ref.model.tokenizer_path", nullable=True)
     c.choice("actor_rollout_ref.model.dtype", schema.DTYPE_CHOICES)
     c.choice("actor_rollout_ref.model.param_dtype", schema.DTYPE_CHOICES)
+    c.lora("actor_rollout_ref.model")
     # optimizer
     c.optim("actor_rollout_ref.actor.optim")
     # actor
@@ -294,6 +325,7 @@ def validate_sections(cfg: JaxRLConfig, c: Checks) -> None:
     c.text(f"{k}.model.path", nullable=True)
     c.choice(f"{k}.model.dtype", schema.DTYPE_CHOICES)
     c.choice(f"{k}.model.param_dtype", schema.DTYPE_CHOICES)
+    c.lora(f"{k}.model")
     c.optim(f"{k}.optim")
     c.int_at_least(f"{k}.ppo_mini_batch_size", 1)
     c.int_at_least(f"{k}.ppo_micro_batch_size_per_gpu", 1, nullable=True)

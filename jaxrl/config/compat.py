@@ -47,7 +47,8 @@ _RM_LOOP = ("verl's reward-loop server (vLLM/SGLang) settings; jaxrl scores the 
             "mesh, as verl's RewardModelWorker does")
 _RAY = ("verl's Ray worker-group / NCCL settings do not apply: jaxrl's Ray launcher (trainer.launcher=ray) runs one "
         "JAX process per host and has its own trainer.ray.* keys")
-_LORA = "LoRA is not supported yet (full fine-tuning only); only lora_rank=0 is valid"
+_LORA_ADAPTER = ("loading a pre-trained LoRA adapter is not supported; adapters start fresh (B = 0) with "
+                 "lora_rank > 0, so only null is valid")
 _DEPRECATED_MBS = "verl's deprecated global micro-batch size; use the *_per_gpu key instead"
 
 NOTES: dict[str, str] = {
@@ -87,7 +88,10 @@ NOTES: dict[str, str] = {
     "actor_rollout_ref.actor.optim.override_optimizer_config": "no extra optimizer kwargs in jaxrl; only null is valid",
     "actor_rollout_ref.actor.optim.num_cycles": "jaxrl's cosine schedule is the half cosine; only 0.5 is valid",
     # ---- model loading
-    "actor_rollout_ref.model.use_shm": "models load from local files; no shared-memory copy",
+    "actor_rollout_ref.model.use_shm": (
+        "models load from local files; no shared-memory copy (with LoRA the base model is read once and shared by "
+        "the actor and the reference)"
+    ),
     "actor_rollout_ref.model.trust_remote_code": "jaxrl runs its own Flax model code; no remote code is executed",
     "actor_rollout_ref.model.external_lib": "jaxrl runs its own Flax model code; no HF model classes are imported",
     "actor_rollout_ref.model.enable_activation_offload": (
@@ -96,10 +100,7 @@ NOTES: dict[str, str] = {
     "actor_rollout_ref.model.use_liger": _KERNELS,
     "actor_rollout_ref.model.use_fused_kernels": _KERNELS,
     "actor_rollout_ref.model.fused_kernel_options.*": _KERNELS,
-    "actor_rollout_ref.model.lora_rank": _LORA,
-    "actor_rollout_ref.model.lora_alpha": "used only with lora_rank > 0 (LoRA not supported yet)",
-    "actor_rollout_ref.model.target_modules": "used only with lora_rank > 0 (LoRA not supported yet)",
-    "actor_rollout_ref.model.exclude_modules": "used only with lora_rank > 0 (LoRA not supported yet)",
+    "actor_rollout_ref.model.lora_adapter_path": _LORA_ADAPTER,
     # ---- rollout engine
     "actor_rollout_ref.rollout.mode": "verl's sync/async rollout-server mode; jaxrl calls its rollout backend directly",
     "actor_rollout_ref.rollout.dtype": "the jax sampler computes in actor_rollout_ref.model.dtype",
@@ -114,7 +115,10 @@ NOTES: dict[str, str] = {
     "actor_rollout_ref.rollout.disable_log_stats": _VLLM_TUNING,
     "actor_rollout_ref.rollout.enable_chunked_prefill": _VLLM_TUNING,
     "actor_rollout_ref.rollout.load_format": _VLLM_TUNING,
-    "actor_rollout_ref.rollout.layered_summon": _VLLM_TUNING,
+    "actor_rollout_ref.rollout.layered_summon": (
+        "verl gathers FSDP shards layer by layer to sync (LoRA-merged) weights; jaxrl merges LoRA in one jitted "
+        "program on the train mesh and its translator moves the merged weights"
+    ),
     "actor_rollout_ref.rollout.multi_stage_wake_up": _VLLM_TUNING,
     "actor_rollout_ref.rollout.update_weights_bucket_megabytes": _VLLM_TUNING,
     "actor_rollout_ref.rollout.engine_kwargs.*": _VLLM_TUNING,
@@ -175,9 +179,7 @@ NOTES: dict[str, str] = {
         "use critic.model.enable_gradient_checkpointing (jax.checkpoint); offload does not apply"
     ),
     "critic.model.override_config": "jaxrl builds the value model from its checkpoint's config; only {} is valid",
-    "critic.model.lora_rank": _LORA,
-    "critic.model.lora_alpha": "used only with lora_rank > 0 (LoRA not supported yet)",
-    "critic.model.target_modules": "used only with lora_rank > 0 (LoRA not supported yet)",
+    "critic.model.lora_adapter_path": _LORA_ADAPTER,
     "critic.ppo_micro_batch_size": _DEPRECATED_MBS,
     "critic.forward_micro_batch_size": _DEPRECATED_MBS,
     "critic.ulysses_sequence_parallel_size": _SP,
@@ -228,7 +230,7 @@ REQUIRED_VALUES: dict[str, tuple[Any, ...]] = {
     "actor_rollout_ref.actor.optim.optimizer": ("AdamW", "adamw"),
     "actor_rollout_ref.actor.optim.override_optimizer_config": (None,),
     "actor_rollout_ref.actor.optim.num_cycles": (0.5,),
-    "actor_rollout_ref.model.lora_rank": (0,),
+    "actor_rollout_ref.model.lora_adapter_path": (None,),
     "data.validation_shuffle": (False,),
     "data.reward_fn_key": ("data_source",),
     "reward_model.reward_loop_source": ("register",),
@@ -236,7 +238,7 @@ REQUIRED_VALUES: dict[str, tuple[Any, ...]] = {
     "reward_model.reward_loop_class_name": (None,),
     "trainer.default_hdfs_dir": (None,),
     "critic.model.override_config": ({},),
-    "critic.model.lora_rank": (0,),
+    "critic.model.lora_adapter_path": (None,),
     "critic.ppo_micro_batch_size": (None,),
     "critic.forward_micro_batch_size": (None,),
     "critic.ulysses_sequence_parallel_size": (1,),

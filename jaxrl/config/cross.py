@@ -105,7 +105,7 @@ def validate_cross(cfg: JaxRLConfig) -> None:
 def _validate_online_dpo(cfg: JaxRLConfig) -> None:
     """``algorithm.dpo.enable``: what online DPO needs (several samples per prompt, mini-batches of whole pairs) and
     what it replaces (the critic, the KL terms, DAPO's filter) or does not support (packed rows, token budgets,
-    multi-turn rollouts)."""
+    multi-turn rollouts, LoRA)."""
     arr, alg = cfg.actor_rollout_ref, cfg.algorithm
     a = arr.actor
     why = "algorithm.dpo.enable=True"
@@ -121,6 +121,8 @@ def _validate_online_dpo(cfg: JaxRLConfig) -> None:
         (arr.model.use_remove_padding, "actor_rollout_ref.model.use_remove_padding=True (pairs run on padded rows)"),
         (a.use_dynamic_bsz, "actor_rollout_ref.actor.use_dynamic_bsz=True (pairs run on fixed micro-batches)"),
         (arr.rollout.multi_turn.enable, "actor_rollout_ref.rollout.multi_turn.enable=True"),
+        (arr.model.lora_rank > 0, f"actor_rollout_ref.model.lora_rank={arr.model.lora_rank} (the preference role "
+         "trains the full model: LoRA is for the GRPO / PPO actor; lora_rank=0 is valid)"),
     ]
     bad = [text for on, text in refused if on]
     if bad:

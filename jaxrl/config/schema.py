@@ -96,7 +96,8 @@ class DataConfig:
 # ------------------------------------------------------------------------ actor_rollout_ref
 @dataclass
 class ModelConfig:
-    """``actor_rollout_ref.model.*``: the policy model (the reference model is its initial copy)."""
+    """``actor_rollout_ref.model.*``: the policy model (the reference model is its initial copy; with LoRA the base
+    model with the adapters off, sharing its arrays)."""
 
     path: str = "~/models/deepseek-llm-7b-chat"  # HF dir, .gguf file, or alias (jaxrl.models.resolve)
     tokenizer_path: Optional[str] = None  # null = the tokenizer that ships with the model
@@ -106,6 +107,14 @@ class ModelConfig:
     # True = the actor, reference (and, unless critic.model.use_remove_padding says otherwise, the critic) run their
     # forward / backward on packed rows: several responses per row, no padding (jaxrl.workers.packing); exact
     use_remove_padding: bool = False
+    # LoRA (jaxrl.models.lora; verl's keys): rank > 0 trains only adapters on the base model's projections; the
+    # reference is the base with adapters off (no copy), the rollout gets merged weights; 0 = full fine-tuning
+    lora_rank: int = 0
+    lora_alpha: float = 16  # adapter output scaled by lora_alpha / lora_rank (PEFT's scaling)
+    # "all-linear" (q/k/v/o/gate/up/down of every layer), a regex matched against whole HF module names, or a list of
+    # names / name suffixes (PEFT's target_modules semantics)
+    target_modules: Any = "all-linear"
+    exclude_modules: Any = None  # null, a regex or a list (as target_modules): modules removed from the targets
 
 
 @dataclass
@@ -339,6 +348,11 @@ class CriticModelConfig:
     # packed rows for the value forward / backward; null = actor_rollout_ref.model.use_remove_padding (filled; verl's
     # own default is false, so a verl command line that sets only the model key packs the critic here too)
     use_remove_padding: Optional[bool] = None
+    # LoRA on the value model's backbone (verl's critic keys): adapters and the value head train, the backbone is
+    # frozen; 0 = full fine-tuning
+    lora_rank: int = 0
+    lora_alpha: float = 16  # adapter output scaled by lora_alpha / lora_rank
+    target_modules: Any = "all-linear"  # as actor_rollout_ref.model.target_modules
 
 
 @dataclass

@@ -23,6 +23,9 @@ logical names to mesh axes)::
     lm_head                     [H, V]        ("embed", "vocab")                  (absent when tied)
 
 ``V`` vocab, ``H`` hidden, ``I`` intermediate, ``nH`` query heads, ``nKV`` kv heads, ``D`` head_dim.
+
+``Attention.lora`` / ``MLP.lora`` are None unless :func:`jaxrl.models.lora.apply_lora` added LoRA adapters (then
+each adapted projection adds ``(alpha / r) * (x @ A) @ B`` to its output, bias included first, as PEFT does).
 """
 
 from __future__ import annotations
@@ -160,6 +163,16 @@ def _param(rngs: nnx.Rngs | None, shape, names, dtype, init: str) -> nnx.Param:
     return nnx.Param(value.astype(dtype), out_sharding=tuple(names), eager_sharding=False)
 
 
+def _with_lora(lora, name: str, x: jax.Array, y: jax.Array) -> jax.Array:
+    """``y`` plus the LoRA adapter ``name``'s output on ``x`` when ``lora`` holds one (PEFT's order: the base
+    projection, bias included, then ``+ scale * (x @ A) @ B``); ``x`` ``[B, T, ...in]`` and ``y`` ``[B, T, ...out]``
+    are flattened to the adapter's ``[in]`` / ``[out]`` and back. Without an adapter ``y`` is returned as is."""
+    if lora is None or name not in lora:
+        return y
+    delta = lora[name](x.reshape(*x.shape[:2], -1))
+    return y + delta.reshape(y.shape).astype(y.dtype)
+
+
 class RMSNorm(nnx.Module):
     """RMSNorm with a learned ``scale`` ``[dim]`` (see :func:`rms_norm`)."""
 
@@ -192,12 +205,13 @@ class Attention(nnx.Module):
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps, "head_dim", param_dtype=param_dtype)
         else:
             self.q_norm = self.k_norm = None
+        self.lora = nnx.data(None)  # LoRA adapters by projection name (jaxrl.models.lora.apply_lora), or None
 
-    def _proj(self, x, kernel, bias):
+    def _proj(self, x, kernel, bias, name):
         y = jnp.einsum("bth,hnd->btnd", x, kernel[...].astype(self.dtype))
         if bias is not None:
             y = y + bias[...].astype(self.dtype)
-        return y
+        return _with_lora(self.lora, name, x, y)
 
     def __call__(self, x, cos, sin, mask, k_cache, v_cache, cache_index, layer=None):
         """``x`` ``[B, T, H]``; ``mask`` ``[B, T, S]``; ``k_cache/v_cache``: the model's whole cache
@@ -208,9 +222,9 @@ class Attention(nnx.Module):
         start slot per row, written by a scatter); without, the new keys/values ``[B, T, nKV, D]``. Writing into
         the whole cache and attending over the updated layer slice lets XLA update the cache in place inside the
         decode loop (no per-layer or per-step copy of the cache)."""
-        q = self._proj(x, self.q_proj, self.q_bias)
-        k = self._proj(x, self.k_proj, self.k_bias)
-        v = self._proj(x, self.v_proj, self.v_bias)
+        q = self._proj(x, self.q_proj, self.q_bias, "q_proj")
+        k = self._proj(x, self.k_proj, self.k_bias, "k_proj")
+        v = self._proj(x, self.v_proj, self.v_bias, "v_proj")
         if self.q_norm is not None:
             q = self.q_norm(q)
             k = self.k_norm(k)
@@ -233,8 +247,8 @@ class Attention(nnx.Module):
             k_all, v_all = k_cache[layer].astype(self.dtype), v_cache[layer].astype(self.dtype)
             k, v = k_cache, v_cache
         out = gqa_attention(q, k_all, v_all, mask)
-        out = jnp.einsum("btnd,ndh->bth", out, self.o_proj[...].astype(self.dtype))
-        return out, k, v
+        proj = jnp.einsum("btnd,ndh->bth", out, self.o_proj[...].astype(self.dtype))
+        return _with_lora(self.lora, "o_proj", out, proj), k, v
 
 
 class MLP(nnx.Module):
@@ -246,11 +260,13 @@ class MLP(nnx.Module):
         self.gate_proj = _param(rngs, (h, i), ("embed", "mlp"), param_dtype, "normal")
         self.up_proj = _param(rngs, (h, i), ("embed", "mlp"), param_dtype, "normal")
         self.down_proj = _param(rngs, (i, h), ("mlp", "embed"), param_dtype, "normal")
+        self.lora = nnx.data(None)  # LoRA adapters by projection name (jaxrl.models.lora.apply_lora), or None
 
     def __call__(self, x):
-        gate = x @ self.gate_proj[...].astype(self.dtype)
-        up = x @ self.up_proj[...].astype(self.dtype)
-        return (jax.nn.silu(gate) * up) @ self.down_proj[...].astype(self.dtype)
+        gate = _with_lora(self.lora, "gate_proj", x, x @ self.gate_proj[...].astype(self.dtype))
+        up = _with_lora(self.lora, "up_proj", x, x @ self.up_proj[...].astype(self.dtype))
+        h = jax.nn.silu(gate) * up
+        return _with_lora(self.lora, "down_proj", h, h @ self.down_proj[...].astype(self.dtype))
 
 
 class Block(nnx.Module):

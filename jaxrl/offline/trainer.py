@@ -33,7 +33,8 @@ __all__ = ["OfflineCheckpoints", "OfflineTrainer", "run_offline"]
 
 
 class OfflineCheckpoints(RunCheckpoints):
-    """:class:`RunCheckpoints` of an offline run: its fingerprint's data part names the offline config's keys."""
+    """:class:`RunCheckpoints` of an offline run: its fingerprint's data part names the offline config's keys; it has
+    no LoRA settings."""
 
     def data_fingerprint(self) -> tuple[dict, dict]:
         c, d = self.c, self.c.cfg.data
@@ -49,6 +50,10 @@ class OfflineCheckpoints(RunCheckpoints):
                    "data.chat_template": d.chat_template, "model.partial_pretrain": c.cfg.model.partial_pretrain,
                    "model.tokenizer_path": c.cfg.model.tokenizer_path}
         return data, context
+
+    def settings_fingerprint(self) -> dict:
+        """Empty: the offline trainers are full fine-tuning (LoRA is refused by :mod:`jaxrl.config.offline_compat`)."""
+        return {}
 
 
 class OfflineTrainer(TrainingLoop):

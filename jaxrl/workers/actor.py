@@ -241,10 +241,17 @@ class ActorWorker(TrainedRole):
         ``params`` (and ``ref_params``) are placed by the rules, the optimizer state too, and every micro-batch is
         split over the batch axes.
       rules: logical-axis rules on ``mesh`` (default :data:`sharding.rules.DEFAULT_RULES`).
+      frozen, lora: LoRA (:mod:`jaxrl.models.lora`): ``params`` are the adapters (the only trained and checkpointed
+        arrays), ``frozen`` the base weights, ``lora`` the :class:`~jaxrl.models.lora.LoraInfo` (``graphdef`` is the
+        model with adapters, ``lora.base_graphdef`` without). The reference policy is then the base with the
+        adapters off: ``frozen`` under ``lora.base_graphdef`` (``ref_params`` unused, no second copy), and
+        :meth:`merged_params` gives the rollout engine and the export ``W + (alpha / r) A B``. Both None: full
+        fine-tuning.
 
     Raises:
-      ValueError: ``kl_loss_type="full"`` without ``ref_params``; an unknown ``policy_loss.loss_mode``; sizes that
-        do not fit (see :class:`~jaxrl.workers.trained_role.TrainedRole`).
+      ValueError: ``kl_loss_type="full"`` without ``ref_params`` (full fine-tuning); only one of ``frozen`` /
+        ``lora``; an unknown ``policy_loss.loss_mode``; sizes that do not fit (see
+        :class:`~jaxrl.workers.trained_role.TrainedRole`).
     """
 
     name = "actor"
@@ -262,18 +269,30 @@ class ActorWorker(TrainedRole):
         ref_params=None,
         mesh=None,
         rules=None,
+        frozen=None,
+        lora=None,
     ):
+        if (frozen is None) != (lora is None):
+            raise ValueError("LoRA needs both frozen= (the base weights) and lora= (jaxrl.models.lora.LoraInfo)")
         full_kl = actor_cfg.use_kl_loss and actor_cfg.kl_loss_type == "full"
-        if full_kl and ref_params is None:
+        if full_kl and ref_params is None and lora is None:
             raise ValueError("actor.kl_loss_type='full' needs the reference params (ref_params=...)")
         super().__init__(graphdef, params, plan=plan, optim=actor_cfg.optim, grad_clip=actor_cfg.grad_clip,
                          shuffle=actor_cfg.shuffle, total_training_steps=total_training_steps, seed=seed, mesh=mesh,
-                         rules=rules)
+                         rules=rules, frozen=frozen)
         self.cfg = actor_cfg
-        # The reference params, needed inside the loss only for the exact ("full") KL over the vocabulary.
-        self.ref_params = ref_params if full_kl else None
-        if self.ref_params is not None and mesh is not None:
-            self.ref_params = shard_state(self.ref_params, self.param_shardings)
+        self.lora = lora
+        if lora is not None:  # the model without adapters (the reference's graph; the merged weights' tree)
+            self.base_graphdef = lora.base_graphdef
+        self._merge_fn = None
+        # The reference params, needed inside the loss only for the exact ("full") KL over the vocabulary; with LoRA
+        # the frozen base itself (the base model with the adapters off)
+        if lora is not None:
+            self.ref_params = self.frozen if full_kl else None
+        else:
+            self.ref_params = ref_params if full_kl else None
+            if self.ref_params is not None and mesh is not None:
+                self.ref_params = shard_state(self.ref_params, self.param_shardings)
         self.temperature = float(temperature)
         entry = POLICY_LOSSES.entry(actor_cfg.policy_loss.loss_mode)
         self._policy_loss = entry.load()
@@ -290,13 +309,33 @@ class ActorWorker(TrainedRole):
         return self.ref_params
 
     def _extra_shardings(self):
-        return None if self.ref_params is None else self.param_shardings
+        if self.ref_params is None:
+            return None
+        return self.param_shardings if self.lora is None else self.frozen_shardings
 
     # -- phases ----------------------------------------------------------------------------------------------
 
     def compute_log_probs(self, batch: RLBatch) -> tuple[np.ndarray, np.ndarray]:
         """``(old_log_probs, entropy)`` float32 ``[N, R]`` under the current params."""
-        return self.log_prob(self.params, batch)
+        return self.log_prob(self.model_state(), batch)
+
+    def merged_params(self):
+        """The policy's weights in the base model's tree (``nnx.State`` for :attr:`base_graphdef`): what the rollout
+        engine and the Hugging Face export take. Full fine-tuning: :attr:`params` itself. LoRA: the base with every
+        adapted kernel ``W + (alpha / r) A @ B`` (:func:`jaxrl.models.lora.merge_lora`, one jitted call; on a mesh
+        laid out like the base)."""
+        if self.lora is None:
+            return super().merged_params()
+        if self._merge_fn is None:
+            from functools import partial
+
+            from jaxrl.models.lora import merge_lora
+
+            merge = partial(merge_lora, scale=self.lora.spec.scale)
+            self._merge_fn = (jax.jit(merge) if self.mesh is None else
+                              jax.jit(merge, in_shardings=(self.param_shardings, self.frozen_shardings),
+                                      out_shardings=self.frozen_shardings))
+        return self._merge_fn(self.params, self.frozen)
 
     def _micro_loss(self, params, micro, num_tokens, num_seqs, prompt_width, ref_params=None):
         c = self.cfg
@@ -336,10 +375,10 @@ class ActorWorker(TrainedRole):
             # Exact KL over the vocabulary: the reference's whole distribution, recomputed on this micro-batch.
             if "segment_ids" in micro:
                 ref_logits = jax.lax.stop_gradient(_forward_packed(
-                    self.graphdef, ref_params, micro, self.temperature, self.activation_sharding))
+                    self.base_graphdef, ref_params, micro, self.temperature, self.activation_sharding))
             else:
                 ref_logits = jax.lax.stop_gradient(_forward_response(
-                    self.graphdef, ref_params, micro["input_ids"], micro["positions"], micro["attention_mask"],
+                    self.base_graphdef, ref_params, micro["input_ids"], micro["positions"], micro["attention_mask"],
                     prompt_width, self.temperature, self.activation_sharding,
                 ))
             kld = per_token(kl_penalty(jax.nn.log_softmax(logits, -1), jax.nn.log_softmax(ref_logits, -1), "full"))

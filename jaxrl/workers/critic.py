@@ -79,6 +79,8 @@ class CriticWorker(TrainedRole):
       mesh: the train mesh, or None for one device. With a mesh, params and optimizer state are placed by
         ``rules`` and the update / forward micro-batches are split over the batch axes.
       rules: logical-axis rules on ``mesh`` (default :data:`sharding.rules.DEFAULT_RULES`).
+      frozen: LoRA (``critic.model.lora_rank``): the frozen backbone; ``params`` are then the adapters and the value
+        head (the trained and checkpointed arrays). None: full fine-tuning.
 
     Raises:
       ValueError: ``cliprange_value < 0``; sizes that do not fit (see
@@ -88,10 +90,10 @@ class CriticWorker(TrainedRole):
     name = "critic"
 
     def __init__(self, graphdef, params, critic_cfg, *, plan: RolePlan, total_training_steps: int, seed: int = 0,
-                 mesh=None, rules=None):
+                 mesh=None, rules=None, frozen=None):
         super().__init__(graphdef, params, plan=plan, optim=critic_cfg.optim, grad_clip=critic_cfg.grad_clip,
                          shuffle=critic_cfg.shuffle, total_training_steps=total_training_steps, seed=seed, mesh=mesh,
-                         rules=rules)
+                         rules=rules, frozen=frozen)
         self.cfg = critic_cfg
         self.cliprange_value = float(critic_cfg.cliprange_value)
         if not self.cliprange_value >= 0:
@@ -106,22 +108,23 @@ class CriticWorker(TrainedRole):
             replicated = NamedSharding(mesh, PartitionSpec())
             self._values_fn = jit_sharded(
                 self._values, static_kwarg="prompt_width",
-                in_shardings=(self.param_shardings, rows, rows, rows), out_shardings=replicated,
+                in_shardings=(self.param_shardings, self.frozen_shardings, rows, rows, rows), out_shardings=replicated,
             )
             self._packed_values_fn = jit_sharded(
-                self._packed_values, static_kwarg="prompt_width", in_shardings=(self.param_shardings, rows),
-                out_shardings=replicated,
+                self._packed_values, static_kwarg="prompt_width",
+                in_shardings=(self.param_shardings, self.frozen_shardings, rows), out_shardings=replicated,
             )
 
     # -- values ----------------------------------------------------------------------------------------------
 
-    def _values(self, params, input_ids, positions, attention_mask, *, prompt_width):
+    def _values(self, params, frozen, input_ids, positions, attention_mask, *, prompt_width):
         return forward_response_values(
-            self.graphdef, params, input_ids, positions, attention_mask, prompt_width, self.activation_sharding
+            self.graphdef, self.full_state(params, frozen), input_ids, positions, attention_mask, prompt_width,
+            self.activation_sharding,
         )
 
-    def _packed_values(self, params, micro, *, prompt_width=0):
-        return forward_packed_values(self.graphdef, params, micro, self.activation_sharding)
+    def _packed_values(self, params, frozen, micro, *, prompt_width=0):
+        return forward_packed_values(self.graphdef, self.full_state(params, frozen), micro, self.activation_sharding)
 
     def compute_values(self, batch: RLBatch) -> np.ndarray:
         """Values of the response tokens under the current params.
@@ -140,7 +143,7 @@ class CriticWorker(TrainedRole):
         out = []
         for sl, n in row_chunks(batch.size, mb):
             v = self._values_fn(
-                self.params, pad_rows(ids[sl], mb), pad_rows(pos[sl], mb), pad_rows(mask[sl], mb),
+                self.params, self.frozen, pad_rows(ids[sl], mb), pad_rows(pos[sl], mb), pad_rows(mask[sl], mb),
                 prompt_width=batch.prompt_width,
             )
             out.append(to_host(v).astype(np.float32)[:n])
@@ -158,11 +161,11 @@ class CriticWorker(TrainedRole):
         for slots in slot_list:
             micro = micro_layout(arrays, slots, batch.prompt_width, packed=packed, max_row_tokens=budget)
             if packed:
-                v = self._packed_values_fn(self.params, {k: micro[k] for k in PACKED_KEYS + ("response_mask",)},
-                                           prompt_width=0)
+                rows_in = {k: micro[k] for k in PACKED_KEYS + ("response_mask",)}
+                v = self._packed_values_fn(self.params, self.frozen, rows_in, prompt_width=0)
             else:
-                v = self._values_fn(self.params, micro["input_ids"], micro["positions"], micro["attention_mask"],
-                                    prompt_width=batch.prompt_width)
+                v = self._values_fn(self.params, self.frozen, micro["input_ids"], micro["positions"],
+                                    micro["attention_mask"], prompt_width=batch.prompt_width)
             out.append(np.asarray(to_host(v), np.float32))
         return scatter_rows(out, slot_list, batch.size) * batch.response_mask.astype(np.float32)
 

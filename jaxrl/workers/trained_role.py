@@ -14,6 +14,11 @@ normalisers) and the update a separate jitted step (:meth:`TrainedRole._apply`).
 :class:`TrainedRole` holds that scaffolding; a subclass supplies only its loss (:meth:`TrainedRole._micro_loss`),
 the per-row arrays the loss reads (:meth:`TrainedRole.minibatch_arrays`) and its forward pass.
 
+With LoRA (:mod:`jaxrl.models.lora`) the model state is two trees: ``params``, what trains (the adapters, and for
+the critic its value head), and ``frozen``, the base weights. Every forward merges them (``nnx.merge_state``, no
+copy) and the gradient, the optimizer state and the checkpoint cover ``params`` only; ``frozen`` is never donated
+and never updated. Without LoRA ``frozen`` is None and every program is the full fine-tuning one.
+
 On a device mesh (``mesh=...``, see :mod:`jaxrl.workers.placement`) params and optimizer state are sharded by the
 logical-axis rules and the update is one jit with explicit in/out shardings (params and optimizer state by the
 rules, the stacked ``[num_micro, micro_rows, ...]`` mini-batch with rows over the ``"batch"`` rule's axes,
@@ -25,6 +30,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl.config.batch_plan import RolePlan
@@ -51,10 +57,17 @@ class TrainedRole:
       seed: the shuffling RNG's seed.
       mesh: the train mesh, or None (one device).
       rules: logical-axis rules on ``mesh`` (default :data:`sharding.rules.DEFAULT_RULES`).
+      frozen: the frozen part of the model state (LoRA: the base weights), merged with ``params`` in every
+        forward and never trained; None (full fine-tuning) = ``params`` is the whole model.
 
     Attributes:
       name: the metric prefix (``"actor"``, ``"critic"``).
       params, opt_state: the trained state (``opt_state`` is None until :meth:`init_optimizer`).
+      frozen, frozen_shardings: the frozen state and (on a mesh) its shardings, or None.
+      lora: the policy's :class:`~jaxrl.models.lora.LoraInfo` when it trains LoRA adapters
+        (:class:`~jaxrl.workers.actor.ActorWorker`), else None.
+      base_graphdef: the graph :meth:`merged_params` merges into: ``graphdef`` itself unless a subclass trains LoRA
+        adapters on a policy (then the model without them).
       num_updates: optimizer updates applied so far (the schedule's count).
       rng: ``numpy.random.Generator`` of the mini-batch shuffling.
 
@@ -65,12 +78,16 @@ class TrainedRole:
     """
 
     name = "role"
+    lora = None
 
     def __init__(self, graphdef, params, *, plan: RolePlan, optim, grad_clip: float, shuffle: bool,
-                 total_training_steps: int, seed: int = 0, mesh=None, rules=None):
+                 total_training_steps: int, seed: int = 0, mesh=None, rules=None, frozen=None):
         plan.check()
         self.graphdef = graphdef
+        self.base_graphdef = graphdef
         self.params = params
+        self.frozen = frozen
+        self.frozen_shardings = None
         self.plan = plan
         self.mesh = mesh
         self.rules = DEFAULT_RULES if rules is None else rules
@@ -91,6 +108,8 @@ class TrainedRole:
             if plan.forward_max_token_len is None and not plan.remove_padding:
                 check_row_shards(plan.forward_rows, shards, f"the micro-batch of {plan.forward_key}")
             self.params, self.param_shardings = shard_tree(params, mesh, self.rules)
+            if frozen is not None:
+                self.frozen, self.frozen_shardings = shard_tree(frozen, mesh, self.rules)
         self.rng = np.random.default_rng(seed)
         self._optim = optim
         self._grad_clip = grad_clip
@@ -143,14 +162,14 @@ class TrainedRole:
         self._update_fn = jit_sharded(
             self._update_minibatch, donate_argnums=(0, 1), static_kwarg="prompt_width",
             in_shardings=(self.param_shardings, self.opt_shardings, rows_sharding(self.mesh, self.rules, row_dim=1),
-                          replicated, replicated, self._extra_shardings()),
+                          replicated, replicated, self._extra_shardings(), self.frozen_shardings),
             out_shardings=(self.param_shardings, self.opt_shardings, replicated),
         )
         acc = (self.param_shardings, replicated, replicated, replicated)
         self._accumulate_fn = jit_sharded(
             self._accumulate, donate_argnums=(1,), static_kwarg="prompt_width",
             in_shardings=(self.param_shardings, acc, rows_sharding(self.mesh, self.rules), replicated, replicated,
-                          self._extra_shardings()),
+                          self._extra_shardings(), self.frozen_shardings),
             out_shardings=acc,
         )
         self._apply_fn = jax.jit(self._apply, donate_argnums=(0, 1),
@@ -162,7 +181,8 @@ class TrainedRole:
 
     def _micro_loss(self, params, micro, num_tokens, num_seqs, prompt_width, extra):
         """One micro-batch's share of the mini-batch loss: ``(loss, (sums, weighted, tokens))`` as
-        :func:`~jaxrl.workers.microbatch.scan_accumulate` takes it (metrics named ``<name>/...``)."""
+        :func:`~jaxrl.workers.microbatch.scan_accumulate` takes it (metrics named ``<name>/...``). ``params`` is the
+        whole model state (:meth:`full_state`)."""
         raise NotImplementedError
 
     def minibatch_arrays(self, batch) -> dict[str, np.ndarray]:
@@ -177,9 +197,27 @@ class TrainedRole:
         """Shardings (tree prefix) of :meth:`_update_extra` on the mesh."""
         return None
 
+    # -- the model state -------------------------------------------------------------------------------------
+
+    @staticmethod
+    def full_state(params, frozen):
+        """The whole model state: ``params`` merged with ``frozen`` (``nnx.merge_state``: the same arrays, no copy;
+        traceable), or ``params`` itself when ``frozen`` is None."""
+        return params if frozen is None else nnx.merge_state(params, frozen)
+
+    def model_state(self):
+        """The current whole model state (:meth:`full_state` of :attr:`params` and :attr:`frozen`)."""
+        return self.full_state(self.params, self.frozen)
+
+    def merged_params(self):
+        """The model's weights in :attr:`base_graphdef`'s tree, what the rollout engine and the Hugging Face export
+        take (``nnx.merge(base_graphdef, merged_params())`` is the model): here :meth:`model_state` (full
+        fine-tuning: :attr:`params` itself); a role with LoRA adapters on a policy merges them into the base."""
+        return self.model_state()
+
     # -- the update ------------------------------------------------------------------------------------------
 
-    def accumulate_grads(self, params, minibatch, num_tokens, num_seqs, extra=None, *, prompt_width):
+    def accumulate_grads(self, params, minibatch, num_tokens, num_seqs, extra=None, frozen=None, *, prompt_width):
         """Gradient of the mini-batch loss, accumulated over its micro-batches with ``lax.scan``.
 
         Args:
@@ -187,20 +225,24 @@ class TrainedRole:
           num_tokens, num_seqs: float32 scalars, valid tokens / sequences of the whole mini-batch (the loss
             normalisers, so the sum over micro-batches equals the full mini-batch loss exactly).
           extra: the loss's frozen inputs (:meth:`_update_extra`).
+          frozen: the frozen model state (:attr:`frozen`), merged with ``params`` in the forward; None = none.
           prompt_width: the batch's prompt width ``P`` (static).
 
         Returns:
-          ``(grads, metrics)``: grads with the params' structure; summed metrics (loss terms) summed over
-          micro-batches, weighted ones (ratios) token-weighted means.
+          ``(grads, metrics)``: grads with the params' structure (the trained part only); summed metrics (loss terms)
+          summed over micro-batches, weighted ones (ratios) token-weighted means.
         """
         return scan_accumulate(
-            lambda p, micro: self._micro_loss(p, micro, num_tokens, num_seqs, prompt_width, extra), params, minibatch
+            lambda p, micro: self._micro_loss(self.full_state(p, frozen), micro, num_tokens, num_seqs, prompt_width,
+                                              extra),
+            params, minibatch,
         )
 
-    def _update_minibatch(self, params, opt_state, minibatch, num_tokens, num_seqs, extra, *, prompt_width):
+    def _update_minibatch(self, params, opt_state, minibatch, num_tokens, num_seqs, extra, frozen=None, *,
+                          prompt_width):
         """One optimizer update from a mini-batch stacked as ``[num_micro, micro_rows, ...]`` (skipped when the
         gradient is not finite)."""
-        grads, metrics = self.accumulate_grads(params, minibatch, num_tokens, num_seqs, extra,
+        grads, metrics = self.accumulate_grads(params, minibatch, num_tokens, num_seqs, extra, frozen,
                                                prompt_width=prompt_width)
         new_params, new_opt_state, grad_norm, finite = guarded_update(self._tx, grads, opt_state, params)
         metrics[f"{self.name}/grad_norm"] = grad_norm
@@ -217,12 +259,15 @@ class TrainedRole:
         accumulation each, instead of the fixed-count ``lax.scan``."""
         return self.plan.remove_padding or self.plan.max_token_len is not None
 
-    def _accumulate(self, params, acc, micro, num_tokens, num_seqs, extra, *, prompt_width):
+    def _accumulate(self, params, acc, micro, num_tokens, num_seqs, extra, frozen=None, *, prompt_width):
         """``acc`` plus one micro-batch's gradient and metrics (``acc = (grads, sums, weighted, tokens)``, as
         :func:`~jaxrl.workers.microbatch.scan_accumulate` carries them)."""
         grads_acc, sums, wsums, tok = acc
-        grad_fn = jax.value_and_grad(self._micro_loss, has_aux=True)
-        (_, (metrics, weighted, tokens)), grads = grad_fn(params, micro, num_tokens, num_seqs, prompt_width, extra)
+
+        def loss(p):
+            return self._micro_loss(self.full_state(p, frozen), micro, num_tokens, num_seqs, prompt_width, extra)
+
+        (_, (metrics, weighted, tokens)), grads = jax.value_and_grad(loss, has_aux=True)(params)
         add = lambda a, b: jax.tree.map(jnp.add, a, b)  # noqa: E731
         return add(grads_acc, grads), add(sums, metrics), add(wsums, weighted), tok + tokens
 
@@ -264,11 +309,12 @@ class TrainedRole:
             if acc is None:
                 width = 0 if packed else prompt_width
                 _, (m0, w0, _) = jax.eval_shape(
-                    lambda p, m, e: self._micro_loss(p, m, num_tokens, num_seqs, width, e), params, micro, extra)
+                    lambda p, m, e, f: self._micro_loss(self.full_state(p, f), m, num_tokens, num_seqs, width, e),
+                    params, micro, extra, self.frozen)
                 zero = lambda tree: {k: np.zeros(v.shape, v.dtype) for k, v in tree.items()}  # noqa: E731
                 # on devices like the accumulated outputs, so the first call compiles the same program as the rest
                 acc = (self._zeros_fn(params),) + self._replicated((zero(m0), zero(w0), np.float32(0.0)))
-            acc = self._accumulate_fn(params, acc, micro, num_tokens, num_seqs, extra,
+            acc = self._accumulate_fn(params, acc, micro, num_tokens, num_seqs, extra, self.frozen,
                                       prompt_width=0 if packed else prompt_width)
         return acc
 
@@ -297,7 +343,8 @@ class TrainedRole:
                     continue
                 stacked, num_tokens, num_seqs = self.stack_micro(arrays, order[start : start + mini], mini, micro)
                 self.params, self.opt_state, metrics = self._update_fn(
-                    self.params, self.opt_state, stacked, num_tokens, num_seqs, extra, prompt_width=batch.prompt_width
+                    self.params, self.opt_state, stacked, num_tokens, num_seqs, extra, self.frozen,
+                    prompt_width=batch.prompt_width,
                 )
                 history.append(metrics)
                 self.num_updates += 1
@@ -316,7 +363,8 @@ class TrainedRole:
 
     def state(self) -> tuple[dict, dict]:
         """What a checkpoint holds of this role: ``(arrays, meta)``; arrays ``{"params", "opt_state"}`` (device
-        pytrees), meta ``{"num_updates", "rng"}`` (JSON: the update count and the shuffling RNG's state)."""
+        pytrees; with LoRA the trained part only, the frozen base is the model file's), meta ``{"num_updates",
+        "rng"}`` (JSON: the update count and the shuffling RNG's state)."""
         arrays = {"params": self.params, "opt_state": self.opt_state}
         return arrays, {"num_updates": self.num_updates, "rng": self.rng.bit_generator.state}
 

@@ -121,6 +121,83 @@ def test_verl_recipe_command_line_is_accepted(monkeypatch):
     assert sorted(n.key for n in yaml_loaded.notes) == sorted(NO_JAX_MEANING | {UNEVEN_MINI_BATCH})
 
 
+# verl's LoRA GRPO example (examples/grpo_trainer/run_qwen2_5-3b_gsm8k_grpo_lora.sh at verl b178a3c), verbatim but
+# for the module: `python3 -m verl.trainer.main_ppo` -> `python -m jaxrl.train --print-config`
+VERL_LORA_SCRIPT = r"""set -x
+
+PYTHON -m jaxrl.train --print-config \
+    algorithm.adv_estimator=grpo \
+    trainer.val_before_train=False \
+    data.train_files=$HOME/data/gsm8k/train.parquet \
+    data.val_files=$HOME/data/gsm8k/test.parquet \
+    data.train_batch_size=16 \
+    data.max_prompt_length=512 \
+    data.max_response_length=1024 \
+    data.filter_overlong_prompts=True \
+    data.truncation='error' \
+    data.shuffle=False \
+    actor_rollout_ref.model.path=Qwen/Qwen2.5-3B-Instruct \
+    actor_rollout_ref.model.lora_rank=64 \
+    actor_rollout_ref.model.lora_alpha=32 \
+    actor_rollout_ref.actor.optim.lr=3e-6 \
+    actor_rollout_ref.model.use_remove_padding=True \
+    actor_rollout_ref.actor.ppo_mini_batch_size=16 \
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40 \
+    actor_rollout_ref.actor.use_kl_loss=True \
+    actor_rollout_ref.actor.kl_loss_coef=0.001 \
+    actor_rollout_ref.actor.kl_loss_type=low_var_kl \
+    actor_rollout_ref.actor.entropy_coeff=0 \
+    actor_rollout_ref.model.enable_gradient_checkpointing=True \
+    actor_rollout_ref.actor.fsdp_config.param_offload=False \
+    actor_rollout_ref.actor.fsdp_config.optimizer_offload=False \
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=40 \
+    actor_rollout_ref.rollout.tensor_model_parallel_size=2 \
+    actor_rollout_ref.rollout.name=vllm \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.6 \
+    actor_rollout_ref.rollout.n=5 \
+    actor_rollout_ref.rollout.load_format=safetensors \
+    actor_rollout_ref.rollout.layered_summon=True \
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=40 \
+    actor_rollout_ref.ref.fsdp_config.param_offload=True \
+    algorithm.use_kl_in_reward=False \
+    trainer.critic_warmup=0 \
+    trainer.logger='["console","wandb"]' \
+    trainer.project_name='verl_grpo_example_gsm8k' \
+    trainer.experiment_name='qwen2.5_3b_grpo_lora' \
+    trainer.n_gpus_per_node=2 \
+    trainer.nnodes=1 \
+    trainer.save_freq=20 \
+    trainer.test_freq=5 \
+    trainer.total_epochs=15 $@
+
+    # actor_rollout_ref.actor.ppo_mini_batch_size=256 \
+    # data.train_batch_size=1024 \
+    # trainer.n_gpus_per_node=8 \
+    # actor_rollout_ref.model.use_shm=True \
+"""
+
+
+def test_verl_lora_example_script_is_accepted(tmp_path):
+    """The script runs unchanged but for the module, with its commented-out use_shm=True passed through "$@": the
+    LoRA keys are real (no note), the keys with no JAX meaning each get one note line."""
+    script = tmp_path / "run_qwen2_5-3b_gsm8k_grpo_lora.sh"
+    script.write_text(VERL_LORA_SCRIPT.replace("PYTHON", f'"{sys.executable}"', 1))
+    env = dict(os.environ, HOME="/home/verl_user")
+    proc, _ = _run(["bash", str(script), "actor_rollout_ref.model.use_shm=True"], env=env)
+    assert proc.returncode == 0, proc.stderr
+    notes = _note_keys("\n".join(ln for ln in proc.stderr.splitlines() if not ln.startswith("+")))
+    assert sorted(notes) == sorted(NO_JAX_MEANING | {
+        "actor_rollout_ref.rollout.load_format", "actor_rollout_ref.rollout.layered_summon",
+        "actor_rollout_ref.model.use_shm"})
+    cfg = yaml.safe_load(proc.stdout)
+    model = cfg["actor_rollout_ref"]["model"]
+    assert (model["lora_rank"], model["lora_alpha"], model["target_modules"], model["exclude_modules"]) == (
+        64, 32.0, "all-linear", None)
+    assert model["path"] == "Qwen/Qwen2.5-3B-Instruct" and model["use_remove_padding"] is True
+    assert cfg["actor_rollout_ref"]["actor"]["optim"]["lr"] == 3e-6
+    assert cfg["trainer"]["default_local_dir"] == "checkpoints/verl_grpo_example_gsm8k/qwen2.5_3b_grpo_lora"
+
+
 def test_unknown_flag_and_bad_value_exit_2():
     proc, _ = _run([sys.executable, "-m", "jaxrl.train", "--print-config", "--no-such-flag"])
     assert proc.returncode == 2 and "--no-such-flag" in proc.stderr

@@ -421,7 +421,7 @@ def test_critic_compat_keys():
                     "critic.optim.warmup_style", "critic.optim.clip_grad", "critic.enable"]
     assert loaded.config.critic.optim.lr_scheduler_type == "cosine" and loaded.config.critic.grad_clip == 0.5
     assert loaded.config.critic.model.use_remove_padding is True  # a real key now (packed value model)
-    assert "critic.model.lora_rank=8 is not supported" in _error(None, ["critic.model.lora_rank=8"])
+    assert "critic.model.lora_adapter_path='/a' is not supported" in _error(None, ["critic.model.lora_adapter_path=/a"])
     # no wildcard swallows a typo of a real critic key
     assert "did you mean 'critic.optim.lr'" in _error(None, ["critic.optim.lrr=1e-5"])
     assert "did you mean 'critic.cliprange_value'" in _error(None, ["critic.cliprange_val=0.2"])
@@ -574,10 +574,41 @@ def test_renamed_verl_key_moves_value():
 
 
 def test_unsupported_verl_feature_value_rejected():
-    msg = _error(None, ["actor_rollout_ref.model.lora_rank=8"])
-    assert "actor_rollout_ref.model.lora_rank=8 is not supported" in msg and "valid: 0" in msg
-    assert load_config_with_notes(None, ["actor_rollout_ref.model.lora_rank=0"]).notes[0].key.endswith("lora_rank")
+    msg = _error(None, ["actor_rollout_ref.model.lora_adapter_path=/adapters/a"])
+    assert "actor_rollout_ref.model.lora_adapter_path='/adapters/a' is not supported" in msg and "valid: None" in msg
+    notes = load_config_with_notes(None, ["actor_rollout_ref.model.lora_adapter_path=null"]).notes
+    assert notes[0].key == "actor_rollout_ref.model.lora_adapter_path"
     assert "reward_model.use_dynamic_bsz=True is not supported" in _error(None, ["reward_model.use_dynamic_bsz=True"])
+
+
+def test_lora_keys_are_verls_and_bad_values_are_one_line_errors():
+    """actor_rollout_ref.model.{lora_rank, lora_alpha, target_modules, exclude_modules} and critic.model's are real
+    keys (no notes), verl's defaults; rank 0 is full fine-tuning."""
+    default = load_config(None)
+    m = default.actor_rollout_ref.model
+    assert (m.lora_rank, m.lora_alpha, m.target_modules, m.exclude_modules) == (0, 16, "all-linear", None)
+    assert (default.critic.model.lora_rank, default.critic.model.target_modules) == (0, "all-linear")
+    loaded = load_config_with_notes(None, [
+        "actor_rollout_ref.model.lora_rank=64", "actor_rollout_ref.model.lora_alpha=32",
+        "actor_rollout_ref.model.target_modules=[q_proj,v_proj]", "actor_rollout_ref.model.exclude_modules=.*mlp.*",
+        "critic.model.lora_rank=8", "critic.model.target_modules=all-linear"])
+    assert loaded.notes == ()
+    m = loaded.config.actor_rollout_ref.model
+    assert (m.lora_rank, m.lora_alpha, m.target_modules, m.exclude_modules) == (64, 32.0, ["q_proj", "v_proj"],
+                                                                                ".*mlp.*")
+    assert loaded.config.critic.model.lora_rank == 8
+    lora = ["actor_rollout_ref.model.lora_rank=8"]
+    for overrides, expected in [
+        (["actor_rollout_ref.model.lora_rank=-8"], "actor_rollout_ref.model.lora_rank=-8 is invalid; expected an int"),
+        (lora + ["actor_rollout_ref.model.lora_alpha=0"], "actor_rollout_ref.model.lora_alpha=0.0 is invalid"),
+        (lora + ["actor_rollout_ref.model.target_modules=[lm_head]"], "LoRA on lm_head is not supported"),
+        (lora + ["actor_rollout_ref.model.target_modules=(q"], "a regular expression (missing )"),
+        (lora + ["actor_rollout_ref.model.exclude_modules=[]"], "actor_rollout_ref.model.exclude_modules=[] is invalid"),
+        (["critic.model.lora_rank=4", "critic.model.target_modules=7"], "critic.model.target_modules=7 is invalid"),
+    ]:
+        msg = _error(None, overrides)
+        assert expected in msg and "\n" not in msg, msg
+    load_config(None, ["actor_rollout_ref.model.target_modules=7"])  # unused (and unchecked) at rank 0, as in verl
 
 
 def test_dynamic_batch_and_packing_keys_act_with_verl_defaults():

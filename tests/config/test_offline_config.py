@@ -87,6 +87,21 @@ def test_online_dpo_refuses_what_it_cannot_run(overrides, message):
     assert message in str(e.value)
 
 
+def test_online_dpo_refuses_lora_naming_both_keys():
+    """The preference role trains the full model: online DPO with actor LoRA is one config error naming both keys;
+    either alone loads."""
+    with pytest.raises(ConfigError) as e:
+        load_config(REPO_ROOT / "configs/online_dpo_quickstart.yaml", ["actor_rollout_ref.model.lora_rank=8"])
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith("algorithm.dpo.enable=True does not combine with actor_rollout_ref.model.lora_rank=8")
+    assert load_config(REPO_ROOT / "configs/online_dpo_quickstart.yaml",
+                       ["actor_rollout_ref.model.lora_rank=0"]).algorithm.dpo.enable
+    grpo = load_config(REPO_ROOT / "configs/online_dpo_quickstart.yaml",
+                       ["algorithm.dpo.enable=false", "actor_rollout_ref.model.lora_rank=8"])
+    assert grpo.actor_rollout_ref.model.lora_rank == 8
+
+
 # ------------------------------------------------------------------------------------------------ the CLIs
 def _cli(kind, *args, timeout=120):
     return subprocess.run([sys.executable, "-m", f"jaxrl.{kind}", *args], cwd=REPO_ROOT, capture_output=True,

@@ -113,6 +113,8 @@ def test_dpo_loss_and_gradient_equal_a_torch_reference(models):
     cfg = PreferenceLossConfig(loss_type="sigmoid", beta=0.5, label_smoothing=0.1)
     worker = PreferenceWorker(graphdef, params, cfg, plan=_plan(4, 2), optim=optim_view(OfflineOptimConfig()),
                               grad_clip=1.0, temperature=1.0, total_training_steps=1)
+    # online DPO's actor: the rollout build, the weight sync and the export read these (no LoRA: the model itself)
+    assert worker.lora is None and worker.base_graphdef is graphdef and worker.merged_params() is worker.params
     worker.reference_logps(ref_params, pairs)
     stacked, num_tokens, num_seqs = stack_micro(worker.minibatch_arrays(pairs), np.arange(4), 4, 2)
     grads, metrics = jax.jit(worker.accumulate_grads, static_argnames="prompt_width")(
@@ -159,6 +161,8 @@ def test_updates_lower_the_loss_and_state_round_trips(models):
     for _ in range(4):
         last = worker.update(batch)["train/loss"]
     assert last < first - 0.1, (first, last)
+    # no LoRA: what the rollout sync and the HF export read (jaxrl.loop.export_final_model) is the trained model
+    assert worker.lora is None and worker.base_graphdef is graphdef and worker.merged_params() is worker.params
     arrays, meta = worker.state()
     other = SFTWorker(graphdef, params, plan=_plan(4, 2), optim=optim, grad_clip=1.0, total_training_steps=10)
     other.load_state(arrays, meta)
