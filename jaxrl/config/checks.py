@@ -149,8 +149,9 @@ class Checks:
         self.real(f"{prefix}.top_p", 0.0, 1.0, lo_open=True)
         self.int_at_least(f"{prefix}.top_k", -1)
 
-def normalise(cfg: JaxRLConfig) -> None:
-    """Fill the documented derived defaults and normalise file lists (see :func:`load_config`)."""
+def normalise_data_files_and_seed(cfg) -> None:
+    """``data.train_files`` / ``data.val_files`` as lists (a single path becomes a one-item list) and ``data.seed``
+    defaulting to ``trainer.seed``: shared by the RL and the offline configs."""
     d = cfg.data
     for name in ("train_files", "val_files"):
         v = getattr(d, name)
@@ -160,6 +161,12 @@ def normalise(cfg: JaxRLConfig) -> None:
             setattr(d, name, list(v))
     if d.seed is None:
         d.seed = cfg.trainer.seed
+
+
+def normalise(cfg: JaxRLConfig) -> None:
+    """Fill the documented derived defaults and normalise file lists (see :func:`load_config`)."""
+    normalise_data_files_and_seed(cfg)
+    d = cfg.data
     actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
     if actor.clip_ratio_low is None:
         actor.clip_ratio_low = actor.clip_ratio

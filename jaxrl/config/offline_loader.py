@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from jaxrl.algorithms import registry
 from jaxrl.config import schema
-from jaxrl.config.checks import Checks, is_int
+from jaxrl.config.checks import Checks, is_int, normalise_data_files_and_seed
 from jaxrl.config.cross import check_declared_options, validate_sharding_rules
 from jaxrl.config.errors import ConfigError
 from jaxrl.config.loader import LoadedConfig
@@ -81,15 +81,8 @@ def load_offline_config(kind: str, config_path: str | Path | None, overrides: Se
 
 
 def _normalise(cfg) -> None:
+    normalise_data_files_and_seed(cfg)
     d = cfg.data
-    for name in ("train_files", "val_files"):
-        v = getattr(d, name)
-        if isinstance(v, str):
-            setattr(d, name, [v])
-        elif isinstance(v, (list, tuple)):
-            setattr(d, name, list(v))
-    if d.seed is None:
-        d.seed = cfg.trainer.seed
     for name in ("prompt_dict_keys", "response_dict_keys"):
         v = getattr(d, name, None)
         if isinstance(v, str):
