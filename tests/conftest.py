@@ -9,6 +9,9 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# Tests talk only on loopback: the Hugging Face hub is never asked, in this process or any process a test starts
+# (a model alias that is not in ../shared fails with the offline message instead of a DNS lookup).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 

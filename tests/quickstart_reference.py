@@ -20,6 +20,9 @@ MICRO = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
 COMMON = ["--config", "configs/quickstart.yaml", "trainer.test_freq=-1", "trainer.log_val_generations=2",
           "trainer.logger=[console,jsonl]", *MICRO]
 REFERENCE_STEPS = 4
+# metrics that depend on the machine and the moment, not on the computation: wall times, throughput, and memory
+# (perf/cpu_memory_used_gb is the process's resident set, which differs between any two runs)
+RUN_DEPENDENT = ("timing_s/", "perf/throughput", "perf/cpu_memory", "perf/max_memory")
 
 
 def metric_rows(folder: Path) -> list[dict]:
@@ -36,7 +39,7 @@ def assert_equal_metrics(got: dict, want: dict) -> None:
     """Every non-timing metric of ``want`` equal in ``got`` within 1e-5 (relative to max(1, |value|))."""
     bad = []
     for key, value in want.items():
-        if key.startswith(("timing_s/", "perf/throughput", "perf/cpu_memory", "perf/max_memory")) \
+        if key.startswith(RUN_DEPENDENT) \
                 or not isinstance(value, (int, float)):
             continue
         if key not in got:

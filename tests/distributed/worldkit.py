@@ -22,6 +22,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from jaxrl.paths import shared_dir
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -35,8 +37,11 @@ def require_loopback_hostname() -> None:
 
 
 def child_env() -> dict[str, str]:
-    """This process's environment (PYTHONPATH, JAXRL_SHARED, ...) for the processes a test starts."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAXRL_") or k == "JAXRL_SHARED"}
+    """This process's environment (PYTHONPATH, ...) for the processes a test starts, with ``JAXRL_SHARED`` set to
+    the shared folder this process uses: a child that runs from another folder (``ray job submit --working-dir``
+    unpacks the checkout elsewhere, so its ``<repo>/../shared`` default does not exist) finds the same assets."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAXRL_")}
+    env["JAXRL_SHARED"] = str(shared_dir())
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

@@ -22,6 +22,7 @@ import time
 import pytest
 
 from tests.launchers.conftest import REPO, pod_args
+from tests.quickstart_reference import RUN_DEPENDENT
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +61,6 @@ QUICKSTART = ["--config", "configs/quickstart.yaml", "trainer.total_training_ste
               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
               "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
               "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8"]
-RUN_DEPENDENT = ("timing_s/", "perf/throughput")
 
 
 def _metrics(path) -> list[dict]:

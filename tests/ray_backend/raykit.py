@@ -223,7 +223,7 @@ class CliHead:
     def __init__(self, home: Path, env: dict[str, str], log: Path, *, num_cpus: int = 1, timeout_s: float = 120.0):
         require_loopback_hostname()
         require_ray()
-        self.home, self.nodes, self.tree = home, [], set()
+        self.home, self.env, self.nodes, self.tree = home, env, [], set()
         self.gcs_port, self.dashboard_port = free_port(), free_port()
         args = ["ray", "start", "--head", "--block", f"--port={self.gcs_port}", f"--num-cpus={num_cpus}",
                 "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
@@ -256,7 +256,9 @@ class CliHead:
                       max_worker_port=0, include_log_monitor=False, node_manager_port=0)
         params = RayParams(gcs_address=self.address, **{**kwargs, **resources})
         params.dashboard_agent_listen_port = None
-        with patched_environ({"HOME": str(self.home), **RAY_ENV, **_port_env()}):
+        # the node's raylet, and so every worker and actor it starts, sees the same environment as the head's
+        # (JAXRL_SHARED above all: a job's working directory is unpacked elsewhere, away from ../shared)
+        with patched_environ({**self.env, **_port_env()}):
             self.nodes.append(Node(params, head=False, shutdown_at_exit=True, spawn_reaper=True))
 
     def pids(self) -> set[int]:
