@@ -29,7 +29,9 @@ import argparse
 import sys
 from typing import Sequence
 
-from jaxrl.config import ConfigError, config_to_yaml, load_config_with_notes
+from jaxrl.cli_common import (ExitRule, check_run_folder, exit_status, fail, load_and_announce, parse_command_line,
+                              run_errors)
+from jaxrl.config import load_config_with_notes
 
 _EPILOG = """\
 overrides:
@@ -87,102 +89,76 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    parser = _parser()
-    args, extra = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
-    flags = [a for a in extra if a.startswith("-")]
-    if flags:
-        parser.print_usage(sys.stderr)
-        print(f"jaxrl: error: unrecognized arguments: {' '.join(flags)}", file=sys.stderr)
-        return 2
-    try:
-        loaded = load_config_with_notes(args.config, extra)
-    except ConfigError as e:
-        print(f"jaxrl: config error: {e}", file=sys.stderr)
-        return 2
-    for note in loaded.notes:
-        print(f"jaxrl: note: {note}", file=sys.stderr)
-    if args.print_config:
-        sys.stdout.write(config_to_yaml(loaded.config))
-        sys.stdout.flush()
-        return 0
-    if loaded.config.trainer.launcher == "ray":  # this process only places and supervises the hosts' processes
+    parsed = parse_command_line(_parser(), argv)
+    if isinstance(parsed, int):
+        return parsed
+    args, overrides = parsed
+    loaded = load_and_announce(lambda: load_config_with_notes(args.config, overrides), args.print_config)
+    if isinstance(loaded, int):
+        return loaded
+    cfg = loaded.config
+    if cfg.trainer.launcher == "ray":  # this process only places and supervises the hosts' processes
         from jaxrl.ray_backend.driver import run_driver
 
-        return run_driver(loaded.config, list(sys.argv[1:] if argv is None else argv))
-    from jaxrl.checkpoint import CheckpointIncompatibleError, CheckpointRestoreError, CheckpointSaveError
-    from jaxrl.data.sources import DataFileError
-    from jaxrl.models.files import ModelFileError
-    from jaxrl.rewards import UnknownDataSourceError
+        return run_driver(cfg, list(sys.argv[1:] if argv is None else argv))
+    status = _check_reward_and_tools(cfg)
+    if status is None:
+        status = check_run_folder(cfg)
+    if status is not None:
+        return status
+    from jaxrl.trainer import run_training  # heavy (jax); only after the config is valid
+
+    return exit_status(lambda: run_training(cfg), [*run_errors(), *_rl_errors(cfg)])
+
+
+def _check_reward_and_tools(cfg) -> int | None:
+    """The custom reward file and the multi-turn tool config, checked before jax loads: an exit status (1 a missing
+    file or no sandbox for the tools, 2 an unusable reward function or tool config), or None when both are fine."""
     from jaxrl.rewards.custom import CustomRewardError
     from jaxrl.rewards.factory import check_custom_reward
-    from jaxrl.rewards.manager import RewardError
-    from jaxrl.rewards.pool import WorkerStartError
     from jaxrl.sandbox import SandboxUnavailableError
 
     try:
-        check_custom_reward(loaded.config)  # a bad custom reward file fails now, before jax is imported
+        check_custom_reward(cfg)
     except FileNotFoundError as e:
-        print(f"jaxrl: error: {e}", file=sys.stderr)
-        return 1
+        return fail(e, 1)
     except CustomRewardError as e:  # the custom reward file or its signature: a usage error
-        print(f"jaxrl: error: {e}", file=sys.stderr)
-        return 2
-    if loaded.config.actor_rollout_ref.rollout.multi_turn.enable:  # the tool YAML and its classes, before jax loads
+        return fail(e, 2)
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable:  # the tool YAML and its classes
         from jaxrl.agent.tool_config import ToolConfigError, check_multi_turn
 
         try:
-            check_multi_turn(loaded.config.actor_rollout_ref.rollout.multi_turn)
+            check_multi_turn(cfg.actor_rollout_ref.rollout.multi_turn)
         except (FileNotFoundError, SandboxUnavailableError) as e:
-            print(f"jaxrl: error: {e}", file=sys.stderr)
-            return 1
+            return fail(e, 1)
         except ToolConfigError as e:
-            print(f"jaxrl: config error: {e}", file=sys.stderr)
-            return 2
-    from jaxrl.paths import OutputDirError, ensure_writable_dir
+            return fail(e, 2, "config error")
+    return None
 
-    try:  # before anything slow: a read-only run folder would otherwise fail at the first write
-        ensure_writable_dir(loaded.config.trainer.default_local_dir, "trainer.default_local_dir")
-    except OutputDirError as e:
-        print(f"jaxrl: error: {e}", file=sys.stderr)
-        return 1
+
+def _rl_errors(cfg) -> list[ExitRule]:
+    """The RL run's own errors, after the shared :func:`jaxrl.cli_common.run_errors`."""
     from jaxrl.distributed import DistributedError
+    from jaxrl.rewards import UnknownDataSourceError
+    from jaxrl.rewards.custom import CustomRewardError
+    from jaxrl.rewards.manager import RewardError
+    from jaxrl.rewards.pool import WorkerStartError
     from jaxrl.rollout.base import WeightSyncError
-    from jaxrl.runlock import RunLockError
-    from jaxrl.trainer import NonFiniteTrainingError, run_training  # heavy (jax); only after the config is valid
+    from jaxrl.sandbox import SandboxUnavailableError
 
-    try:
-        run_training(loaded.config)
-    except (RunLockError, CheckpointIncompatibleError) as e:  # this folder cannot take this run: usage error
-        print(f"jaxrl: error: {e}", file=sys.stderr)
-        return 2
-    except (FileNotFoundError, DataFileError, ModelFileError, NonFiniteTrainingError, CheckpointRestoreError,
-            CheckpointSaveError, SandboxUnavailableError) as e:  # names the culprit and the fix (a failed final
-        # save: the newest checkpoint; no sandbox for code rows: what to install), exit 1
-        print(f"jaxrl: error: {e}", file=sys.stderr)
-        return 1
-    except CustomRewardError as e:  # the custom reward file (changed since the check) or its signature
-        print(f"jaxrl: error: {e}", file=sys.stderr)
-        return 2
-    except (RewardError, WorkerStartError) as e:  # the reward function failed on a whole batch: no silent zeros
-        print(f"jaxrl: error: {e}", file=sys.stderr)
-        if e.traceback:
-            print(f"jaxrl: the first failure's traceback (in the scoring process):\n{e.traceback.rstrip()}",
-                  file=sys.stderr)
-        return 1
-    except UnknownDataSourceError as e:  # rows no reward function can score: a usage error, before the model loads
-        print(f"jaxrl: error: {e}", file=sys.stderr)
-        return 2
-    except WeightSyncError as e:  # the rollout engine could not take the new weights: stop, keep the checkpoints
-        print(f"jaxrl: error: {e}", file=sys.stderr)
-        print(f"jaxrl: {_checkpoint_hint(loaded.config)}", file=sys.stderr)
-        return 1
-    except ConfigError as e:  # a setting only checkable once jax is up (e.g. mesh sizes vs device count)
-        print(f"jaxrl: config error: {e}", file=sys.stderr)
-        return 2
-    except DistributedError as e:  # the processes could not join, or their replicas diverged
-        print(f"jaxrl: error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    def scorer_traceback(e) -> str | None:
+        tb = getattr(e, "traceback", None)
+        return f"jaxrl: the first failure's traceback (in the scoring process):\n{tb.rstrip()}" if tb else None
+
+    return [
+        ExitRule((SandboxUnavailableError,), 1),  # code rows and no sandbox: the message says what to install
+        ExitRule((CustomRewardError,), 2),  # the custom reward file (changed since the check) or its signature
+        ExitRule((RewardError, WorkerStartError), 1, more=scorer_traceback),  # failed on a whole batch: no silent 0
+        ExitRule((UnknownDataSourceError,), 2),  # rows no reward function can score, found before the model loads
+        # the rollout engine could not take the new weights: stop, keep the checkpoints, say which one to resume from
+        ExitRule((WeightSyncError,), 1, more=lambda e: f"jaxrl: {_checkpoint_hint(cfg)}"),
+        ExitRule((DistributedError,), 1),  # the processes could not join, or their replicas diverged
+    ]
 
 
 if __name__ == "__main__":

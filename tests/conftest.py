@@ -13,6 +13,20 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # (a model alias that is not in ../shared fails with the offline message instead of a DNS lookup).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+# One persistent XLA compilation cache for the whole test session, shared by every process a test starts (the
+# many `python -m jaxrl.train` runs of the same configs compile the same programs; a hit skips XLA's compile, not
+# tracing, so every run still builds its own jitted functions). A fresh folder per session, removed at its end;
+# JAX_COMPILATION_CACHE_DIR set by the caller is kept as it is. Results do not depend on it: a cached program is
+# the program XLA would compile (and in multi-process runs only process 0 writes, as on a pod).
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    _XLA_CACHE = tempfile.mkdtemp(prefix="jaxrl-tests-xla-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _XLA_CACHE
+    atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
+
 import pytest
 
 from jaxrl.paths import shared_dir

@@ -155,7 +155,7 @@ def test_only_jaxrl_distributed_knows_about_processes():
     ["jaxrl.sandbox", "jaxrl.sandbox.fusion", "jaxrl.sandbox.bwrap", "jaxrl.sandbox.__main__"],
     ["jaxrl.agent.tool_config", "jaxrl.agent.loop", "jaxrl.agent.tools", "jaxrl.agent.env", "jaxrl.agent.chat"],
     ["jaxrl.data.sources", "jaxrl.data.prepare", "jaxrl.runlock", "jaxrl.paths", "jaxrl.checkpoint"],
-    ["jaxrl.config.offline_loader", "jaxrl.offline.cli", "jaxrl.sft", "jaxrl.dpo", "jaxrl.data.sft",
+    ["jaxrl.cli_common", "jaxrl.config.offline_loader", "jaxrl.offline.cli", "jaxrl.sft", "jaxrl.dpo", "jaxrl.data.sft",
      "jaxrl.data.preference", "jaxrl.data.examples"],
     ["jaxrl.distributed", "jaxrl.launch", "jaxrl.ray_backend"],
 ])

@@ -17,10 +17,9 @@ Exit status:
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Sequence
 
-from jaxrl.config import ConfigError, config_to_yaml
+from jaxrl.cli_common import check_run_folder, exit_status, load_and_announce, parse_command_line, run_errors
 from jaxrl.config.offline_loader import load_offline_config_with_notes
 
 _DESCRIPTION = {
@@ -48,48 +47,17 @@ def _parser(kind: str) -> argparse.ArgumentParser:
 def main(kind: str, argv: Sequence[str] | None = None) -> int:
     """Run ``python -m jaxrl.<kind>`` (``kind``: ``"sft"`` or ``"dpo"``) on ``argv`` (default ``sys.argv[1:]``);
     returns the exit status (module docstring)."""
-    parser = _parser(kind)
-    args, extra = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
-    flags = [a for a in extra if a.startswith("-")]
-    if flags:
-        parser.print_usage(sys.stderr)
-        print(f"jaxrl: error: unrecognized arguments: {' '.join(flags)}", file=sys.stderr)
-        return 2
-    try:
-        loaded = load_offline_config_with_notes(kind, args.config, extra)
-    except ConfigError as e:
-        print(f"jaxrl: config error: {e}", file=sys.stderr)
-        return 2
-    for note in loaded.notes:
-        print(f"jaxrl: note: {note}", file=sys.stderr)
-    if args.print_config:
-        sys.stdout.write(config_to_yaml(loaded.config))
-        sys.stdout.flush()
-        return 0
-    from jaxrl.paths import OutputDirError, ensure_writable_dir
-
-    try:  # before anything slow: a read-only run folder would otherwise fail at the first write
-        ensure_writable_dir(loaded.config.trainer.default_local_dir, "trainer.default_local_dir")
-    except OutputDirError as e:
-        print(f"jaxrl: error: {e}", file=sys.stderr)
-        return 1
-    from jaxrl.checkpoint import CheckpointIncompatibleError, CheckpointRestoreError, CheckpointSaveError
-    from jaxrl.data.sources import DataFileError
-    from jaxrl.loop import NonFiniteTrainingError
-    from jaxrl.models.files import ModelFileError
+    parsed = parse_command_line(_parser(kind), argv)
+    if isinstance(parsed, int):
+        return parsed
+    args, overrides = parsed
+    loaded = load_and_announce(lambda: load_offline_config_with_notes(kind, args.config, overrides),
+                               args.print_config)
+    if isinstance(loaded, int):
+        return loaded
+    status = check_run_folder(loaded.config)
+    if status is not None:
+        return status
     from jaxrl.offline.trainer import run_offline  # heavy (jax); only after the config is valid
-    from jaxrl.runlock import RunLockError
 
-    try:
-        run_offline(loaded.config, kind)
-    except (RunLockError, CheckpointIncompatibleError) as e:  # this folder cannot take this run: usage error
-        print(f"jaxrl: error: {e}", file=sys.stderr)
-        return 2
-    except ConfigError as e:  # a setting only checkable once jax is up (mesh sizes vs devices, the model's context)
-        print(f"jaxrl: config error: {e}", file=sys.stderr)
-        return 2
-    except (FileNotFoundError, DataFileError, ModelFileError, NonFiniteTrainingError, CheckpointRestoreError,
-            CheckpointSaveError) as e:
-        print(f"jaxrl: error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return exit_status(lambda: run_offline(loaded.config, kind), run_errors())
