@@ -25,6 +25,8 @@ import argparse
 import json
 import sys
 
+from jaxrl.cli_common import fail
+
 __all__ = ["build_parser", "context_error", "encode_prompt", "main"]
 
 
@@ -96,11 +98,6 @@ def _params_from_args(args: argparse.Namespace):
     )
 
 
-def _fail(msg: str, code: int = 2) -> int:
-    print(f"jaxrl: error: {msg}", file=sys.stderr)
-    return code
-
-
 def context_error(prompt_len: int | None, max_new_tokens: int, limit: int | None, source: str) -> str | None:
     """Why ``prompt_len + max_new_tokens`` tokens do not fit a model with ``limit`` positions, or None if they do.
 
@@ -127,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sampling = _params_from_args(args)
     except ValueError as e:
-        return _fail(str(e))
+        return fail(str(e), 2)
 
     import jax.numpy as jnp
     from flax import nnx
@@ -147,20 +144,20 @@ def main(argv: list[str] | None = None) -> int:
                 source = found[1]
                 why = context_error(None, args.max_new_tokens, found[0].get("max_position_embeddings"), source)
                 if why:
-                    return _fail(why)
+                    return fail(why, 2)
             pre = load_pretrained(args.model, param_dtype=args.dtype, dtype=args.dtype)
     except (OSError, ModelFileError, ExportError, CheckpointError) as e:  # each names the file
-        return _fail(f"cannot load model {args.model!r}: {e}", code=1)
+        return fail(f"cannot load model {args.model!r}: {e}", 1)
     cfg, tok = pre.config, pre.tokenizer
     try:
         prompt = encode_prompt(tok, args.prompt, chat=args.chat, bos_token_id=cfg.bos_token_id)
     except ValueError as e:
-        return _fail(str(e))
+        return fail(str(e), 2)
     if not prompt:
-        return _fail("the prompt encodes to zero tokens")
+        return fail("the prompt encodes to zero tokens", 2)
     why = context_error(len(prompt), args.max_new_tokens, cfg.max_position_embeddings, source)
     if why:
-        return _fail(why)
+        return fail(why, 2)
 
     eos = set(cfg.eos_token_id)
     if tok is not None and getattr(tok, "eos_token_id", None) is not None:
@@ -191,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(prompt + row))
             continue
         if tok is None:
-            return _fail("the model has no tokenizer to decode text; use --output-ids")
+            return fail("the model has no tokenizer to decode text; use --output-ids", 2)
         if args.n > 1:
             print(f"--- sample {i} ---")
         text = tok.decode(row if args.chat else prompt + row, skip_special_tokens=True)

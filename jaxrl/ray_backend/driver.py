@@ -356,8 +356,6 @@ def run_driver(cfg, argv: Sequence[str]) -> int:
         print("jaxrl: error: trainer.launcher=ray needs Ray: pip install 'jaxrl[ray]' (or set "
               "trainer.launcher=local)", file=sys.stderr)
         return 2
-    from jaxrl.ray_backend.pool import PlacementTimeoutError
-
     t = cfg.trainer
     local = (os.environ.get(ENV_LOCAL_DEVICE_COUNT) or "").strip()
     spec = GroupSpec(
@@ -368,6 +366,14 @@ def run_driver(cfg, argv: Sequence[str]) -> int:
         member_args=("trainer.launcher=local", "trainer.max_restarts=0"),
         bind_key=None if t.distributed.coordinator_bind_address else "trainer.distributed.coordinator_bind_address",
         restart_args=_restart_args(cfg))
+    return _group_status(spec)
+
+
+def _group_status(spec: GroupSpec) -> int:
+    """:func:`run_group`'s status, or (after one stderr line) 2 for a config error, 1 when the cluster cannot be
+    reached or cannot hold the hosts in time."""
+    from jaxrl.ray_backend.pool import PlacementTimeoutError
+
     try:
         return run_group(spec)
     except ConfigError as e:
@@ -408,16 +414,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      resource=a.resource, tpu_topology=a.tpu_topology, tpu_accelerator=a.tpu_accelerator,
                      placement_timeout_s=a.placement_timeout, max_restarts=a.max_restarts,
                      local_device_count=a.local_devices)
-    from jaxrl.ray_backend.pool import PlacementTimeoutError
-
-    try:
-        return run_group(spec)
-    except ConfigError as e:
-        print(f"jaxrl: config error: {e}", file=sys.stderr)
-        return 2
-    except (ConnectionError, PlacementTimeoutError, RuntimeError) as e:
-        print(f"jaxrl: error: {e}", file=sys.stderr)
-        return 1
+    return _group_status(spec)
 
 
 if __name__ == "__main__":
