@@ -143,8 +143,9 @@ def prm_ce_loss(prm_log_probs, ref_log_probs, response_mask, acc, *, beta: float
 def prm_pairwise_accuracy(seq_rewards, acc, group_ids) -> float:
     """How often the PRM orders two responses to one prompt as their outcome labels do (verl's
     ``reward_model/dpo_acc``): per group, over the pairs ``i < j``, the ``|acc_i - acc_j|``-weighted fraction with
-    ``sign(r_i - r_j) == sign(acc_i - acc_j)`` (``r`` strictly greater counts as ``>``); a group whose labels are
-    all equal scores 0.5; the mean over groups. Chance level is 0.5.
+    ``sign(r_i - r_j) == sign(acc_i - acc_j)``, a tie ``r_i == r_j`` counting 0.5 (verl counts it as ``<``, so an
+    untrained PRM, equal to its reference, would not sit at chance); a group whose labels are all equal scores 0.5;
+    the mean over groups. Chance level is 0.5.
 
     Args:
       seq_rewards: ``[B]`` the sequence implicit rewards ``sum_t r_t``.
@@ -165,7 +166,8 @@ def prm_pairwise_accuracy(seq_rewards, acc, group_ids) -> float:
         if w.sum() == 0:
             out.append(0.5)
             continue
-        out.append(float(np.sum(((dr > 0) == (da > 0)) * w) / w.sum()))
+        right = np.where(dr == 0, 0.5, ((dr > 0) == (da > 0)).astype(np.float64))  # a tie is a coin flip
+        out.append(float(np.sum(right * w) / w.sum()))
     return float(np.mean(out)) if out else 0.5
 
 

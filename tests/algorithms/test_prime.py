@@ -73,6 +73,8 @@ def test_prm_accuracies_on_a_hand_example():
     acc = np.array([1, 0, 1, 1, 0, 1, 1.0])
     g = np.array([0, 0, 0, 1, 1, 2, 2])
     assert prm_pairwise_accuracy(r, acc, g) == pytest.approx((1.0 + 0.0 + 0.5) / 3)
+    # an untrained PRM (all rewards 0) sits at chance
+    assert prm_pairwise_accuracy(np.zeros(7), acc, g) == pytest.approx(0.5)
     # signs: +,-,+ right; -,+ wrong; +,+ right
     assert prm_sign_accuracy(r, acc) == pytest.approx(5 / 7)
 
