@@ -3,7 +3,7 @@ policy and its implicit PRM) learns: the policy's outcome labels rise and the PR
 their labels better than chance, on responses it has not trained on yet; SIGKILLed after its step-4 checkpoint the
 run resumes (actor, PRM and their optimizer states, data position) to the same metrics as the uninterrupted one.
 
-One uninterrupted 12-step run is both the learning check and the resume baseline (CI's time budget)."""
+One uninterrupted 10-step run is both the learning check and the resume baseline (CI's time budget)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tests.test_resume import assert_same_metrics, logged_steps, records, start_
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
-STEPS = 12
+STEPS = 10
 RUN = [f"trainer.total_training_steps={STEPS}", "trainer.test_freq=-1", "trainer.val_before_train=false",
        "trainer.save_freq=4", "trainer.logger=[jsonl]"]
 
