@@ -210,7 +210,7 @@ def normalise_prime(cfg: JaxRLConfig) -> None:
     """PRIME's derived defaults (after ``algorithm.external_lib`` is imported, so a registered estimator that reads
     ``rm_scores`` counts): under an estimator that needs the implicit PRM the null ``data.filter_accuracy`` /
     ``oversample_factor`` / ``filter_truncate`` take verl's recipe values (True / 4.0 / True), otherwise the
-    filter is off (False / 1.0 / False); ``reward_model.mini_batch_size`` null -> the value of
+    filter is off (False / 1.0 / False); under PRIME ``reward_model.mini_batch_size`` null -> the value of
     ``actor_rollout_ref.actor.ppo_mini_batch_size`` (verl's recipe interpolation; it counts responses)."""
     name = cfg.algorithm.adv_estimator
     prime = name in registry.ADV_ESTIMATORS.names() and registry.needs_prm(name)
@@ -221,7 +221,7 @@ def normalise_prime(cfg: JaxRLConfig) -> None:
         d.oversample_factor = 4.0 if prime else 1.0
     if d.filter_truncate is None:
         d.filter_truncate = prime
-    if cfg.reward_model.mini_batch_size is None:
+    if prime and cfg.reward_model.mini_batch_size is None:
         cfg.reward_model.mini_batch_size = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
 
 
@@ -512,7 +512,8 @@ def _validate_reward_kwargs(cfg: JaxRLConfig) -> None:
 
 def _validate_prime(cfg: JaxRLConfig, c: Checks) -> None:
     """PRIME's keys (verl's ``recipe/prime``): the implicit PRM under ``reward_model.*`` and the accuracy filter
-    under ``data.*``; checked for every config (their defaults are valid)."""
+    under ``data.*``; checked under an estimator that reads the PRM's rewards (elsewhere the filter keys are refused
+    by :mod:`jaxrl.config.cross` and the PRM keys unused, as the reward model's keys are while it is off)."""
     c.real("data.accuracy_lower_bound", 0.0, 1.0)
     c.real("data.accuracy_upper_bound", cfg.data.accuracy_lower_bound, 1.0)
     c.real("data.oversample_factor", 1.0)
@@ -543,8 +544,10 @@ PRIME_NORM_CHOICES: tuple[str, ...] = ("batch_norm", "none")  # = jaxrl.algorith
 def _validate_reward_model(cfg: JaxRLConfig, c: Checks) -> None:
     """``reward_model.*`` of the model reward model: checked only when ``reward_model.enable`` (under PRIME the
     section configures the implicit PRM instead: :func:`_validate_prime`)."""
-    _validate_prime(cfg, c)
-    if not cfg.reward_model.enable or registry.needs_prm(cfg.algorithm.adv_estimator):
+    if registry.needs_prm(cfg.algorithm.adv_estimator):
+        _validate_prime(cfg, c)
+        return
+    if not cfg.reward_model.enable:
         return
     if cfg.reward_model.model.path is None:
         c.fail("reward_model.model.path", "the reward model checkpoint when reward_model.enable=True: a Hugging Face "
