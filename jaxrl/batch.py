@@ -40,6 +40,9 @@ class RLBatch:
       response_attention_mask: int32 ``[N, R]``, multi-turn rollouts only: 1 on every real response token (the
         model's and the tool / user tokens between its turns, which the model attends to but is not trained on:
         ``response_mask`` is 0 there). None (single-turn): ``response_mask`` is also the attention mask.
+      acc: float32 ``[N]``, PRIME: the outcome label of each response in [0, 1] (the reward function's ``acc``
+        output, else its score, clipped), what the implicit PRM is trained against.
+      rm_scores: float32 ``[N, R]``, PRIME: the implicit PRM's process rewards (the ``"prime"`` estimator's input).
     """
 
     prompt_ids: np.ndarray
@@ -57,6 +60,8 @@ class RLBatch:
     values: np.ndarray | None = None
     reward_baselines: np.ndarray | None = None
     response_attention_mask: np.ndarray | None = None
+    acc: np.ndarray | None = None
+    rm_scores: np.ndarray | None = None
 
     @property
     def size(self) -> int:

@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 
 from jaxrl import distributed
-from jaxrl.algorithms.registry import needs_critic
+from jaxrl.algorithms.registry import needs_critic, needs_prm
 from jaxrl.batch import RLBatch
 from jaxrl.metrics import MetricsLogger
 
@@ -45,6 +45,7 @@ class Components:
     placement: object | None = None  # jaxrl.workers.placement.Placement; None = every role on one device
     weight_sync: object | None = None  # jaxrl.rollout.weight_sync.WeightSync: actor params -> the rollout engine
     reward_model: object | None = None  # jaxrl.workers.reward_model.RewardModelWorker (reward_model.enable)
+    prm: object | None = None  # jaxrl.workers.prime_rm.ImplicitPRMWorker (PRIME: algorithm.adv_estimator=prime)
     lock: object | None = None  # jaxrl.runlock.RunLock on out_dir, held until run_training ends
     resume_from: tuple | None = None  # find_resume_checkpoint's answer: (root, step | None), or None = fresh start
 
@@ -106,7 +107,8 @@ def _build_components(cfg, out_dir: Path) -> Components:
     pre, tokenizer = _load_policy(arr.model)
     _check_context_lengths(cfg, pre.config)  # GGUF: its context is known only now, still before any compile
     reward_model = None
-    if cfg.reward_model.enable:  # verl's RewardModelWorker, frozen, on the train mesh
+    prime = needs_prm(cfg.algorithm.adv_estimator)  # the reward_model section then configures the implicit PRM
+    if cfg.reward_model.enable and not prime:  # verl's RewardModelWorker, frozen, on the train mesh
         from jaxrl.workers.reward_model import build_reward_model_worker
 
         reward_model = build_reward_model_worker(cfg, pre.config, tokenizer, **_mesh_args(placement))
@@ -118,6 +120,7 @@ def _build_components(cfg, out_dir: Path) -> Components:
 
     actor, ref = _build_actor_and_reference(cfg, graphdef, params, total, placement)
     critic = _build_critic(cfg, pre, total, placement) if needs_critic(cfg.algorithm.adv_estimator) else None
+    prm = _build_prm(cfg, pre, graphdef, params, ref, total, placement) if prime else None
     rollout, weight_sync = _build_rollout(cfg, pre.config, actor.base_graphdef, params, tokenizer, actor, placement)
     experience = _build_experience_maker(cfg, rollout, tokenizer, reward, reward_model)
     logger = MetricsLogger(
@@ -142,7 +145,7 @@ def _build_components(cfg, out_dir: Path) -> Components:
         total_training_steps=total, store=store,
         model_meta=model_meta(pre.config, path=arr.model.path, param_dtype=arr.model.param_dtype,
                               lora=_lora_meta(actor.lora)),
-        critic=critic, placement=placement, weight_sync=weight_sync, reward_model=reward_model,
+        critic=critic, placement=placement, weight_sync=weight_sync, reward_model=reward_model, prm=prm,
     )
 
 
@@ -186,7 +189,8 @@ def _check_data_sources(cfg, train_rows, val_rows) -> None:
 
     custom = bool(cfg.custom_reward_function.path)
     # with a reward model that replaces the rule reward, rows marked style="model" never reach a rule function
-    rm_only = cfg.reward_model.enable and cfg.reward_model.combine == "replace"
+    rm_only = (cfg.reward_model.enable and not needs_prm(cfg.algorithm.adv_estimator)
+               and cfg.reward_model.combine == "replace")
     for key, loaded in (("train_files", train_rows), ("val_files", val_rows)):
         rows = loaded.rows if loaded is not None else []
         sources = [r.get("data_source") for r in rows[:CHECKED_ROWS]
@@ -217,7 +221,8 @@ def _prompt_pipelines(d, tokenizer, train_rows, val_rows, *, dynamic_sampling: b
     """The training prompt pipeline and the tokenised validation examples (``{"prompt_ids", "row"}``) from the
     ``LoadedRows`` of each split.
 
-    With DAPO dynamic sampling each generation round reads ``data.gen_batch_size`` prompts.
+    With DAPO dynamic sampling each generation round reads ``data.gen_batch_size`` prompts; with PRIME
+    ``data.oversample_factor`` x ``data.train_batch_size`` (1 x otherwise).
     """
     from jaxrl.data.pipeline import PromptPipeline
 
@@ -225,7 +230,8 @@ def _prompt_pipelines(d, tokenizer, train_rows, val_rows, *, dynamic_sampling: b
         max_prompt_length=d.max_prompt_length, prompt_key=d.prompt_key,
         filter_overlong_prompts=d.filter_overlong_prompts, truncation=d.truncation, seed=d.seed,
     )
-    batch_size = (d.gen_batch_size or d.train_batch_size) if dynamic_sampling else d.train_batch_size
+    batch_size = (d.gen_batch_size or d.train_batch_size) if dynamic_sampling else int(
+        d.train_batch_size * d.oversample_factor)
     train = PromptPipeline(train_rows.rows, tokenizer, batch_size=batch_size, shuffle=d.shuffle,
                            origins=train_rows.origins, split="train", **common)
     if val_rows is None:
@@ -431,7 +437,67 @@ def _build_experience_maker(cfg, rollout, tokenizer, reward, reward_model):
         train_batch_size=cfg.data.train_batch_size, reward_model=reward_model,
         reward_model_combine=cfg.reward_model.combine, prompt_key=cfg.data.prompt_key,
         agent=_build_agent_loop(cfg, rollout, tokenizer) if rollout_cfg.multi_turn.enable else None,
+        prime_filter=_prime_filter(cfg) if needs_prm(cfg.algorithm.adv_estimator) else None,
     )
+
+
+def _prime_filter(cfg):
+    """PRIME's prompt filter from ``data.*`` (:class:`jaxrl.experience.PrimeFilter`)."""
+    from jaxrl.experience import PrimeFilter
+
+    d = cfg.data
+    return PrimeFilter(keep=d.train_batch_size, filter_accuracy=bool(d.filter_accuracy),
+                       lower=d.accuracy_lower_bound, upper=d.accuracy_upper_bound,
+                       filter_truncate=bool(d.filter_truncate))
+
+
+def _build_prm(cfg, policy, graphdef, params, ref, total_training_steps, placement=None):
+    """PRIME's implicit PRM (:class:`jaxrl.workers.prime_rm.ImplicitPRMWorker`): a causal LM from
+    ``reward_model.model.path`` (null or the policy's path: a copy of the policy's initial weights), its frozen
+    reference from ``reward_model.model.ref_path`` (null: the PRM's initial weights; when those are the policy's and
+    the actor has a reference, its very arrays, no copy). Both must share the policy's vocabulary (they read its
+    token ids). The sizes that do not fit the train mesh fail as a ConfigError."""
+    import jax
+    from flax import nnx
+
+    from jaxrl.config import ConfigError
+    from jaxrl.config.batch_plan import prime_plan
+    from jaxrl.workers.prime_rm import ImplicitPRMWorker
+
+    rm, arr = cfg.reward_model, cfg.actor_rollout_ref
+
+    def load(path, key):
+        if path is None or path == arr.model.path:
+            return None
+        from jaxrl.models import load_pretrained
+
+        other = load_pretrained(path, param_dtype=arr.model.param_dtype, dtype=arr.model.dtype,
+                                remat=arr.model.enable_gradient_checkpointing, load_tokenizer=False)
+        if other.config.vocab_size != policy.config.vocab_size:
+            raise ConfigError(f"{key}={path!r} has a vocabulary of {other.config.vocab_size} tokens but the policy "
+                              f"{arr.model.path!r} has {policy.config.vocab_size}; the implicit PRM reads the policy's "
+                              "token ids: use a model with the policy's tokenizer")
+        return nnx.split(other.model)
+
+    copy = lambda tree: jax.tree.map(lambda x: x.copy(), tree)  # noqa: E731  (the actor's buffers are donated)
+    loaded = load(rm.model.path, "reward_model.model.path")
+    prm_graphdef, prm_params = (graphdef, copy(params)) if loaded is None else loaded
+    if rm.model.ref_path is not None:
+        ref_loaded = load(rm.model.ref_path, "reward_model.model.ref_path")
+        ref_graphdef, ref_params = (graphdef, copy(params)) if ref_loaded is None else ref_loaded
+    elif loaded is None and ref is not None and ref.log_prob.graphdef is not None:
+        ref_graphdef, ref_params = ref.log_prob.graphdef, ref.params  # the actor's reference: the same weights
+    else:
+        ref_graphdef, ref_params = prm_graphdef, copy(prm_params)
+    try:
+        prm = ImplicitPRMWorker(
+            prm_graphdef, prm_params, ref_graphdef, ref_params, rm,
+            plan=prime_plan(cfg, batch_shards=1 if placement is None else placement.batch_shards),
+            total_training_steps=total_training_steps, seed=cfg.trainer.seed, **_mesh_args(placement))
+    except ValueError as e:  # sizes that do not split over the train mesh's data-parallel devices
+        raise ConfigError(f"algorithm.adv_estimator=prime: {e}") from None
+    prm.init_optimizer()  # now, so a checkpoint always has its state
+    return prm
 
 
 def _build_agent_loop(cfg, rollout, tokenizer):

@@ -26,7 +26,7 @@ from jaxrl.algorithms.registry import ADV_ESTIMATORS
 from jaxrl.batch import RLBatch, concat_batches
 from jaxrl.metrics import _stats, timed
 from jaxrl.rewards.manager import RewardOutput
-from jaxrl.rewards.shaping import groups_with_signal
+from jaxrl.rewards.shaping import accuracy_band_groups, groups_with_signal
 
 log = logging.getLogger("jaxrl")
 
@@ -140,6 +140,35 @@ def place_scores_on_last_token(scores: np.ndarray, response_mask: np.ndarray) ->
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class PrimeFilter:
+    """PRIME's prompt filter (``data.filter_accuracy`` / ``accuracy_lower_bound`` / ``accuracy_upper_bound`` /
+    ``filter_truncate``; :func:`jaxrl.rewards.shaping.accuracy_band_groups`): of the generated groups
+    (``data.oversample_factor`` x ``keep`` prompts) the step keeps ``keep``."""
+
+    keep: int
+    filter_accuracy: bool
+    lower: float
+    upper: float
+    filter_truncate: bool
+
+
+def prime_select(batch: RLBatch, seq: dict, pf: PrimeFilter, metrics: dict) -> RLBatch:
+    """The rows of ``pf.keep`` groups (:func:`accuracy_band_groups` on ``batch.acc``), group ids renumbered from 0;
+    ``metrics`` get ``acc`` (verl's: the mean outcome label over every generated response),
+    ``train/score_all_mean`` (the mean score over them: the filter keeps groups by accuracy, so the kept batch's
+    ``critic/score/mean`` is not the policy's score) and ``train/num_groups_in_band`` (groups that passed)."""
+    metrics["acc"] = float(np.mean(batch.acc))
+    metrics["train/score_all_mean"] = float(np.mean(seq["seq_reward"]))
+    rows, passing = accuracy_band_groups(
+        batch.acc, batch.group_ids, batch.response_mask.sum(-1), keep=pf.keep, filter_accuracy=pf.filter_accuracy,
+        lower=pf.lower, upper=pf.upper, filter_truncate=pf.filter_truncate, max_length=batch.response_width)
+    metrics["train/num_groups_in_band"] = passing
+    kept = batch.select(rows)
+    kept.group_ids = np.unique(kept.group_ids, return_inverse=True)[1].astype(np.int32).reshape(-1)
+    return kept
+
+
 def _add(metrics: dict, key: str, value: float) -> None:
     metrics[key] = metrics.get(key, 0) + value
 
@@ -158,6 +187,9 @@ class ExperienceMaker:
       reward_model: a :class:`jaxrl.workers.reward_model.RewardModelWorker` (``reward_model.enable``), or None.
       reward_model_combine: ``reward_model.combine`` (``"replace"`` / ``"sum"``).
       prompt_key: ``data.prompt_key`` (the raw prompt a re-tokenizing reward model reads).
+      prime_filter: PRIME (``algorithm.adv_estimator=prime``): its :class:`PrimeFilter`; every round then sets
+        ``batch.acc`` (the outcome labels: the reward's ``acc`` output, else its score, clipped to [0, 1]) and the
+        step keeps ``prime_filter.keep`` of the generated groups (:func:`prime_select`). None otherwise.
       agent: ``None`` (single-turn: ``rollout.generate`` on the prompt ids) or, with
         ``rollout.multi_turn.enable``, a :class:`jaxrl.agent.loop.AgentLoop` over the same engine: it generates
         from the rows' raw prompts (``prompt_key``) with tools, its ``multi_turn/*`` metrics join the round's and
@@ -166,8 +198,9 @@ class ExperienceMaker:
 
     def __init__(self, *, rollout, tokenizer, reward, rollout_cfg, max_new_tokens: int, algorithm_cfg,
                  train_batch_size: int, reward_model=None, reward_model_combine: str = "replace",
-                 prompt_key: str = "prompt", agent=None):
+                 prompt_key: str = "prompt", agent=None, prime_filter: PrimeFilter | None = None):
         self.agent = agent
+        self.prime_filter = prime_filter
         self.rollout = rollout
         self.tokenizer = tokenizer
         self.reward = reward
@@ -206,7 +239,9 @@ class ExperienceMaker:
         metrics: dict[str, float] = {}
         fg = self.algorithm.filter_groups
         if not fg.enable:
-            batch, _ = self.generate_and_score(prompts.next_batch(), seed=seed, timings=timings, metrics=metrics)
+            batch, seq = self.generate_and_score(prompts.next_batch(), seed=seed, timings=timings, metrics=metrics)
+            if self.prime_filter is not None:
+                batch = prime_select(batch, seq, self.prime_filter, metrics)
             return batch, metrics
         target = self.train_batch_size
         kept: list[RLBatch] = []
@@ -280,6 +315,8 @@ class ExperienceMaker:
             "seq_reward": scores,
             "seq_final_reward": scores,
         }
+        if self.prime_filter is not None:  # PRIME: the implicit PRM's labels
+            batch.acc = np.clip(seq["acc"], 0.0, 1.0).astype(np.float32)
         return batch, seq
 
     def _generate(self, prompts, sp, metrics: dict):

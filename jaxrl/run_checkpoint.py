@@ -5,9 +5,10 @@ The trainer decides *when* (``trainer.save_freq``, the end, SIGTERM, the start o
 iterator's position, the KL controller and the model info :mod:`jaxrl.export` needs, stored by a
 :class:`jaxrl.checkpoint.CheckpointStore` in the layout ``docs/architecture.md`` (Checkpoint layout) describes::
 
-    arrays  {"actor": {"params", "opt_state"}, "critic": {...}}          one orbax item per <role>.<part>
+    arrays  {"actor": {"params", "opt_state"}, "critic": {...},          one orbax item per <role>.<part>
+             "reward_model": {...} (PRIME's implicit PRM)}
     meta    {"step", "data_state", "kl_ctrl", "actor": {"num_updates", "rng"}, "model", "critic": {...},
-             "fingerprint"}                                                JSON
+             "reward_model": {...}, "fingerprint"}                          JSON
 """
 
 from __future__ import annotations
@@ -42,9 +43,15 @@ class RunCheckpoints:
         self._fingerprint: dict | None = None  # see fingerprint()
 
     def roles(self) -> dict:
-        """The trained roles, by the name their checkpoint items carry: ``actor`` (and ``critic``)."""
+        """The trained roles, by the name their checkpoint items carry: ``actor`` (and ``critic``, and PRIME's
+        implicit PRM ``reward_model``)."""
         c = self.c
-        return {"actor": c.actor} if c.critic is None else {"actor": c.actor, "critic": c.critic}
+        roles = {"actor": c.actor}
+        if c.critic is not None:
+            roles["critic"] = c.critic
+        if getattr(c, "prm", None) is not None:  # the offline trainers' components have no PRM
+            roles["reward_model"] = c.prm
+        return roles
 
     def state_arrays(self) -> dict:
         """The device state a checkpoint holds: params and optimizer states of every trained role."""
@@ -59,8 +66,9 @@ class RunCheckpoints:
         if kl_ctrl is not None:
             meta["kl_ctrl"] = {k: float(v) for k, v in kl_ctrl._asdict().items()}
         meta.update({"actor": roles["actor"], "model": c.model_meta})
-        if "critic" in roles:
-            meta["critic"] = roles["critic"]
+        for name in ("critic", "reward_model"):
+            if name in roles:
+                meta[name] = roles[name]
         meta["fingerprint"] = self.fingerprint()
         return meta
 
@@ -108,6 +116,9 @@ class RunCheckpoints:
         sections = [("actor_rollout_ref.model", c.cfg.actor_rollout_ref.model)]
         if c.critic is not None:
             sections.append(("critic.model", c.cfg.critic.model))
+        if getattr(c, "prm", None) is not None:  # PRIME: the PRM's and its reference's model files
+            m = c.cfg.reward_model.model
+            settings.update({"reward_model.model.path": m.path, "reward_model.model.ref_path": m.ref_path})
         for prefix, section in sections:
             if getattr(section, "lora_rank", 0):
                 settings.update({f"{prefix}.lora_rank": section.lora_rank,

@@ -2,7 +2,7 @@
 
 Read :meth:`Trainer.train_step` top to bottom; it is the whole algorithm::
 
-    gen -> reward -> old_log_prob -> ref -> values -> adv -> update_critic -> update_actor -> sync
+    gen -> reward -> old_log_prob -> ref -> values -> prm -> adv -> update_critic -> update_actor -> sync
 
 ``gen`` and ``reward`` are one call to the experience maker (:mod:`jaxrl.experience`); everything else it calls
 is a role (``jaxrl.workers``), the rollout engine (``jaxrl.rollout``) or a pure function (``jaxrl.algorithms``).
@@ -38,7 +38,7 @@ class Trainer(TrainingLoop):
     """Runs GRPO/PPO-family training over :class:`Components` (the loop itself: :class:`jaxrl.loop.TrainingLoop`)."""
 
     progress_key, progress_label = "critic/score/mean", "score"
-    nonfinite_keys = ("actor/nonfinite_grad", "critic/nonfinite_grad")
+    nonfinite_keys = ("actor/nonfinite_grad", "critic/nonfinite_grad", "reward_model/nonfinite_grad")
 
     def __init__(self, c: Components):
         from jaxrl.algorithms import get_kl_controller
@@ -79,6 +79,11 @@ class Trainer(TrainingLoop):
                 if c.critic is not None:
                     with timed("values", t):
                         batch.values = c.critic.compute_values(batch)
+
+                if c.prm is not None:  # PRIME: update the implicit PRM on the outcome labels, score the tokens
+                    with timed("prm", t):
+                        batch.rm_scores, prm_metrics = c.prm.step(batch)
+                        metrics.update(prm_metrics)
 
                 with timed("adv", t):
                     batch.token_level_rewards = self._apply_kl_in_reward(batch, metrics)

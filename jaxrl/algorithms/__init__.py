@@ -18,6 +18,8 @@
 - ``preference``: DPO-family losses on sequence log-ratios (``"sigmoid"`` DPO with cDPO label smoothing,
   ``"ipo"``, ``"hinge"``, ``"robust"``), implicit rewards, and the best-vs-worst pairing of a group's samples
   (online DPO).
+- ``prime``: PRIME (implicit process rewards ``beta * log(pi_phi / pi_ref)``, the implicit PRM's cross-entropy
+  loss, its accuracies, the ``"prime"`` estimator: leave-one-out over process and outcome rewards).
 - ``agg``: per-token loss -> scalar, exact under micro-batching.
 - ``logprob``: log-probs and entropies from logits in float32.
 
@@ -67,6 +69,10 @@ _EXPORTS: dict[str, tuple[str, ...]] = {  # module -> the names it exports here
     "preference": (
         "best_worst_pairs", "dpo_sigmoid_loss", "hinge_loss", "implicit_rewards", "ipo_loss", "robust_dpo_loss",
         "sequence_log_probs",
+    ),
+    "prime": (
+        "compute_prime_advantage", "implicit_log_ratio", "implicit_process_rewards", "prime_norm", "prm_ce_loss",
+        "prm_pairwise_accuracy", "prm_sign_accuracy",
     ),
     "registry": (
         "get_adv_estimator", "get_policy_loss", "register_adv_estimator", "register_policy_loss",

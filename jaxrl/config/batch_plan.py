@@ -379,3 +379,19 @@ def online_dpo_plan(cfg, *, batch_shards: int = 1) -> RolePlan:
         forward_per_gpu=arr.rollout.log_prob_micro_batch_size_per_gpu, forward_fallback=rows, ppo_epochs=a.ppo_epochs,
         batch_shards=batch_shards, mini_batch_key="actor_rollout_ref.actor.ppo_mini_batch_size (pairs)",
     )
+
+
+def prime_plan(cfg, *, batch_shards: int = 1) -> RolePlan:
+    """PRIME's implicit PRM plan (``algorithm.adv_estimator=prime``), in responses as verl's recipe counts them:
+    ``reward_model.mini_batch_size`` responses per optimizer update (null: the value of
+    ``actor.ppo_mini_batch_size``), ``reward_model.micro_batch_size_per_gpu`` responses per data-parallel device per
+    micro-batch (null: the whole mini-batch) and per no-grad forward (null: a whole step); one pass per step."""
+    rm = cfg.reward_model
+    rows = int(cfg.data.train_batch_size) * int(cfg.actor_rollout_ref.rollout.n)
+    mini = rm.mini_batch_size if rm.mini_batch_size is not None else cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+    return RolePlan.derive(
+        "reward_model", rollout_n=1, rows_per_step=rows, mini_batch_size=mini,
+        micro_batch_size_per_gpu=rm.micro_batch_size_per_gpu, forward_key="reward_model.micro_batch_size_per_gpu",
+        forward_per_gpu=rm.micro_batch_size_per_gpu, forward_fallback=rows, ppo_epochs=1, batch_shards=batch_shards,
+        mini_batch_key="reward_model.mini_batch_size (responses)", micro_batch_key="reward_model.micro_batch_size_per_gpu",
+    )

@@ -19,8 +19,8 @@ from jaxrl.config.errors import ConfigError
 from jaxrl.config.parse import type_name
 from jaxrl.config.schema import JaxRLConfig
 
-__all__ = ["Checks", "get", "import_external_libs", "is_int", "normalise", "real", "validate_rewards",
-           "validate_sections"]
+__all__ = ["Checks", "get", "import_external_libs", "is_int", "normalise", "normalise_prime", "real",
+           "validate_rewards", "validate_sections"]
 
 _MAX_SEED = 2**32
 
@@ -204,6 +204,25 @@ def normalise(cfg: JaxRLConfig) -> None:
         cfg.algorithm.external_lib = [libs]
     elif isinstance(libs, (list, tuple)):
         cfg.algorithm.external_lib = list(libs)
+
+
+def normalise_prime(cfg: JaxRLConfig) -> None:
+    """PRIME's derived defaults (after ``algorithm.external_lib`` is imported, so a registered estimator that reads
+    ``rm_scores`` counts): under an estimator that needs the implicit PRM the null ``data.filter_accuracy`` /
+    ``oversample_factor`` / ``filter_truncate`` take verl's recipe values (True / 4.0 / True), otherwise the
+    filter is off (False / 1.0 / False); under PRIME ``reward_model.mini_batch_size`` null -> the value of
+    ``actor_rollout_ref.actor.ppo_mini_batch_size`` (verl's recipe interpolation; it counts responses)."""
+    name = cfg.algorithm.adv_estimator
+    prime = name in registry.ADV_ESTIMATORS.names() and registry.needs_prm(name)
+    d = cfg.data
+    if d.filter_accuracy is None:
+        d.filter_accuracy = prime
+    if d.oversample_factor is None:
+        d.oversample_factor = 4.0 if prime else 1.0
+    if d.filter_truncate is None:
+        d.filter_truncate = prime
+    if prime and cfg.reward_model.mini_batch_size is None:
+        cfg.reward_model.mini_batch_size = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
 
 
 def import_external_libs(cfg: JaxRLConfig) -> None:
@@ -491,8 +510,43 @@ def _validate_reward_kwargs(cfg: JaxRLConfig) -> None:
             raise ConfigError(f"{prefix}.overlong_buffer_cfg.penalty_factor={factor!r} is invalid; expected >= 0")
 
 
+def _validate_prime(cfg: JaxRLConfig, c: Checks) -> None:
+    """PRIME's keys (verl's ``recipe/prime``): the implicit PRM under ``reward_model.*`` and the accuracy filter
+    under ``data.*``; checked under an estimator that reads the PRM's rewards (elsewhere the filter keys are refused
+    by :mod:`jaxrl.config.cross` and the PRM keys unused, as the reward model's keys are while it is off)."""
+    c.real("data.accuracy_lower_bound", 0.0, 1.0)
+    c.real("data.accuracy_upper_bound", cfg.data.accuracy_lower_bound, 1.0)
+    c.real("data.oversample_factor", 1.0)
+    m = "reward_model.model"
+    if cfg.reward_model.model.update == "reverse":
+        c.fail(f"{m}.update", "'before', 'after' or 'none' ('reverse' serves verl's detached dpo / bon losses, which "
+               "jaxrl does not implement)")
+    c.choice(f"{m}.update", PRM_UPDATE_CHOICES)
+    if cfg.reward_model.model.loss_type != "ce":
+        c.fail(f"{m}.loss_type", "'ce' (the paper's cross-entropy loss; verl's detached 'dpo' / 'bon_acc' / 'bon_rm' "
+               "are not implemented)")
+    c.choice(f"{m}.ref_type", ("freeze",))
+    c.real(f"{m}.beta_train", 0.0, lo_open=True)
+    c.text(f"{m}.ref_path", nullable=True)
+    c.optim(f"{m}.optim")
+    c.real(f"{m}.optim.grad_clip", -math.inf)
+    c.int_at_least("reward_model.mini_batch_size", 1)
+    c.int_at_least("reward_model.micro_batch_size_per_gpu", 1, nullable=True)
+    c.choice("reward_model.prime_granularity", PRIME_GRANULARITY_CHOICES)
+    c.choice("reward_model.prime_norm", PRIME_NORM_CHOICES)
+
+
+PRM_UPDATE_CHOICES: tuple[str, ...] = ("before", "after", "none")  # reward_model.model.update
+PRIME_GRANULARITY_CHOICES: tuple[str, ...] = ("token", "whole")  # = jaxrl.algorithms.prime.GRANULARITIES
+PRIME_NORM_CHOICES: tuple[str, ...] = ("batch_norm", "none")  # = jaxrl.algorithms.prime.PRIME_NORMS
+
+
 def _validate_reward_model(cfg: JaxRLConfig, c: Checks) -> None:
-    """``reward_model.*`` of the model reward model: checked only when ``reward_model.enable``."""
+    """``reward_model.*`` of the model reward model: checked only when ``reward_model.enable`` (under PRIME the
+    section configures the implicit PRM instead: :func:`_validate_prime`)."""
+    if registry.needs_prm(cfg.algorithm.adv_estimator):
+        _validate_prime(cfg, c)
+        return
     if not cfg.reward_model.enable:
         return
     if cfg.reward_model.model.path is None:

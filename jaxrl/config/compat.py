@@ -218,6 +218,14 @@ NOTES: dict[str, str] = {
     "reward_model.reward_loop_module_path": _REWARD_LOOP,
     "reward_model.reward_loop_class_name": _REWARD_LOOP,
     "data.reward_fn_key": "the data source is read from each row's data_source field (verl's default)",
+    # ---- PRIME's implicit PRM (verl's recipe/prime keys with no JAX meaning)
+    "reward_model.model.tokenizer_path": "the implicit PRM reads the policy's token ids; it loads no tokenizer",
+    "reward_model.model.enable_gradient_checkpointing": (
+        "the implicit PRM follows actor_rollout_ref.model.enable_gradient_checkpointing"
+    ),
+    "reward_model.model.fused_kernel_options.*": _KERNELS,
+    "reward_model.model.optim.total_training_steps": "set at run time from trainer.total_training_steps",
+    "reward_model.ppo_max_token_len_per_gpu": _DYN_BSZ,
 }
 
 REQUIRED_VALUES: dict[str, tuple[Any, ...]] = {
@@ -256,6 +264,7 @@ RENAMES: dict[str, str] = {
     "actor_rollout_ref.actor.optim.clip_grad": "actor_rollout_ref.actor.grad_clip",
     "data.tokenizer": "actor_rollout_ref.model.tokenizer_path",
     "critic.optim.warmup_style": "critic.optim.lr_scheduler_type",
+    "reward_model.model.optim.warmup_style": "reward_model.model.optim.lr_scheduler_type",
     "critic.optim.clip_grad": "critic.grad_clip",
 }
 

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Optional
 
 from jaxrl.algorithms import registry
 from jaxrl.config import compat, schema
-from jaxrl.config.batch_plan import BatchPlan, RolePlan, online_dpo_plan, token_budgets
+from jaxrl.config.batch_plan import BatchPlan, RolePlan, online_dpo_plan, prime_plan, token_budgets
 from jaxrl.config.checks import Checks, get, is_int
 from jaxrl.config.errors import ConfigError
 from jaxrl.config.schema import JaxRLConfig
@@ -93,12 +93,54 @@ def validate_cross(cfg: JaxRLConfig) -> None:
         )
     if cfg.algorithm.dpo.enable:
         _validate_online_dpo(cfg)
+    _validate_prime(cfg)
     vk = rollout.val_kwargs
     if vk.do_sample and vk.temperature <= 0:
         raise ConfigError(
             "actor_rollout_ref.rollout.val_kwargs.do_sample=True needs "
             f"actor_rollout_ref.rollout.val_kwargs.temperature > 0; got {vk.temperature!r}"
         )
+
+
+def _validate_prime(cfg: JaxRLConfig) -> None:
+    """PRIME (an estimator that reads the implicit PRM's ``rm_scores``, ``algorithm.adv_estimator=prime``): the
+    accuracy filter is PRIME's only; what PRIME does not combine with; the PRM's batch arithmetic
+    (:func:`~jaxrl.config.batch_plan.prime_plan`)."""
+    arr, alg, d = cfg.actor_rollout_ref, cfg.algorithm, cfg.data
+    if not registry.needs_prm(alg.adv_estimator):
+        used = [text for on, text in (
+            (d.filter_accuracy, f"data.filter_accuracy={d.filter_accuracy}"),
+            (d.oversample_factor != 1.0, f"data.oversample_factor={d.oversample_factor}"),
+            (d.filter_truncate, f"data.filter_truncate={d.filter_truncate}"),
+        ) if on]
+        if used:
+            raise ConfigError(f"{'; '.join(used)} filter prompts for PRIME only (verl's recipe/prime); set "
+                              f"algorithm.adv_estimator=prime, or leave them null (now {alg.adv_estimator!r})")
+        return
+    why = f"algorithm.adv_estimator={alg.adv_estimator!r} (PRIME)"
+    rm = cfg.reward_model
+    tok = rm.model.input_tokenizer
+    refused = [
+        (alg.use_kl_in_reward, "algorithm.use_kl_in_reward=True (PRIME's advantage reads the outcome scores and the "
+         "PRM's process rewards; use actor_rollout_ref.actor.use_kl_loss for a KL term)"),
+        (alg.dpo.enable, "algorithm.dpo.enable=True"),
+        (alg.filter_groups.enable, "algorithm.filter_groups.enable=True (PRIME filters groups with "
+         "data.filter_accuracy / accuracy_lower_bound / accuracy_upper_bound)"),
+        (arr.rollout.multi_turn.enable, "actor_rollout_ref.rollout.multi_turn.enable=True"),
+        (tok is not None and tok != arr.model.path, f"reward_model.model.input_tokenizer={tok!r} (the implicit PRM "
+         "reads the policy's token ids: null or the policy's path)"),
+    ]
+    bad = [text for on, text in refused if on]
+    if bad:
+        raise ConfigError(f"{why} does not combine with {'; '.join(bad)}; set those keys off")
+    kept = d.train_batch_size * d.oversample_factor
+    if int(kept) != kept:
+        raise ConfigError(f"data.train_batch_size={d.train_batch_size} x data.oversample_factor={d.oversample_factor} "
+                          "must be a whole number of prompts (generated per step)")
+    try:
+        prime_plan(cfg).check()
+    except ValueError as e:
+        raise ConfigError(f"{why}: {e}") from None
 
 
 # ------------------------------------------------------------------------------ device mesh
@@ -190,6 +232,7 @@ def check_mesh_batch_sizes(cfg: JaxRLConfig, sizes: dict[str, int]) -> None:
     if shards <= 1:
         return
     critic = registry.needs_critic(cfg.algorithm.adv_estimator)
+    prime = registry.needs_prm(cfg.algorithm.adv_estimator)
     plan = BatchPlan.from_config(cfg, batch_shards=shards)
     dp_s = f"{shards} data-parallel devices (trainer.mesh " + " x ".join(f"{a}={sizes[a]}" for a in axes) + ")"
     n = plan.rollout_n
@@ -212,7 +255,12 @@ def check_mesh_batch_sizes(cfg: JaxRLConfig, sizes: dict[str, int]) -> None:
                 f"{mini_s} / {dp_s} = {per_device}; a micro-batch is {per_gpu} x {shards} = {per_gpu * shards} rows "
                 f"on the mesh; valid: a divisor of {per_device}"
             )
-    for mb in plan.micro_batches(critic=critic, reward_model=cfg.reward_model.enable):
+    if prime:
+        try:
+            prime_plan(cfg, batch_shards=shards).check()
+        except ValueError as e:
+            raise ConfigError(f"algorithm.adv_estimator=prime on {dp_s}: {e}") from None
+    for mb in plan.micro_batches(critic=critic, reward_model=cfg.reward_model.enable and not prime):
         if mb.rows % shards:  # only an unset value's fallback can miss: a set one is per device
             raise ConfigError(
                 f"{mb.key}=null stands for {mb.unset_means}: {mb.rows} rows per call, which do not split over the "
@@ -336,7 +384,7 @@ def uneven_mini_batch_notes(cfg: JaxRLConfig) -> list[compat.CompatNote]:
 _OPTION_SECTIONS = (
     # (registry, the key that selects the function, the section of its options, the option keys)
     (registry.ADV_ESTIMATORS, "algorithm.adv_estimator", "algorithm",
-     ("norm_adv_by_std_in_grpo", "adv_std_epsilon", "gamma", "lam")),
+     ("norm_adv_by_std_in_grpo", "adv_std_epsilon", "gamma", "lam", "reward_dpo_coef", "reward_gt_coef")),
     (registry.POLICY_LOSSES, "actor_rollout_ref.actor.policy_loss.loss_mode", "actor_rollout_ref.actor.policy_loss",
      tuple(f.name for f in dataclasses.fields(schema.PolicyLossConfig) if f.name != "loss_mode")),
     (registry.PREFERENCE_LOSSES, "algorithm.dpo.loss_type", "algorithm.dpo", ("label_smoothing",)),

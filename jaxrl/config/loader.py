@@ -21,7 +21,8 @@ from typing import Sequence
 from omegaconf import OmegaConf
 
 from jaxrl.config import compat
-from jaxrl.config.checks import Checks, import_external_libs, normalise, validate_rewards, validate_sections
+from jaxrl.config.checks import (Checks, import_external_libs, normalise, normalise_prime, validate_rewards,
+                                 validate_sections)
 from jaxrl.config.cross import (
     batch_mesh_axes,
     check_context_length,
@@ -91,6 +92,7 @@ def load_config_with_notes(config_path: str | Path | None, overrides: Sequence[s
     obj = resolve(cfg)
     normalise(obj)
     import_external_libs(obj)  # a user's estimators / losses are valid choices from here on
+    normalise_prime(obj)  # PRIME's filter defaults depend on the (possibly user-registered) estimator
     c = Checks(obj)
     validate_sections(obj, c)
     validate_mesh(obj, c)

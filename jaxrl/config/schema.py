@@ -91,6 +91,16 @@ class DataConfig:
     seed: Optional[int] = None  # shuffle/subset seed; null = trainer.seed (filled by the loader)
     prompt_key: str = "prompt"  # dataset column with the prompt (chat messages or plain text)
     skip_malformed: bool = False  # jaxrl: skip rows that fail to parse instead of raising
+    # PRIME (algorithm.adv_estimator=prime; verl's recipe/prime keys and defaults). Each step generates for
+    # oversample_factor x train_batch_size prompts, then keeps train_batch_size of them: first the prompts whose
+    # mean outcome label (the PRM's label, jaxrl.algorithms.prime) lies in [accuracy_lower_bound,
+    # accuracy_upper_bound] (filter_accuracy) and none of whose responses hit the length limit (filter_truncate),
+    # then the others, in batch order. null = the recipe's value under prime (True / 4.0 / True), off otherwise.
+    filter_accuracy: Optional[bool] = None
+    accuracy_lower_bound: float = 0.2  # PRIME: lowest kept group accuracy, in [0, 1]
+    accuracy_upper_bound: float = 0.8  # PRIME: highest kept group accuracy, in [accuracy_lower_bound, 1]
+    oversample_factor: Optional[float] = None  # PRIME: prompts generated per kept prompt, >= 1; null = 4.0 (prime) / 1
+    filter_truncate: Optional[bool] = None  # PRIME: deprioritise groups with a response of >= max_response_length - 1
 
 
 # ------------------------------------------------------------------------ actor_rollout_ref
@@ -330,6 +340,10 @@ class AlgorithmConfig:
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)  # KL controller section
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)  # DAPO dynamic sampling section
     dpo: OnlineDPOConfig = field(default_factory=OnlineDPOConfig)  # jaxrl: online DPO section
+    # PRIME (adv_estimator=prime; verl's recipe/prime keys and defaults): weights of the leave-one-out returns of the
+    # implicit process rewards (reward_dpo_coef) and of the outcome rewards (reward_gt_coef) in the advantage
+    reward_dpo_coef: float = 5.0
+    reward_gt_coef: float = 5.0
     # jaxrl (verl's model.external_lib, for algorithms): module name(s) or .py file(s) imported when the config
     # loads, so the estimators / policy losses they register (@register_adv_estimator / @register_policy_loss from
     # jaxrl.algorithms.registry) are valid adv_estimator / policy_loss.loss_mode choices; str or list, null = none
@@ -537,6 +551,16 @@ class SandboxConfig:
 
 
 @dataclass
+class PRMOptimConfig(OptimConfig):
+    """``reward_model.model.optim.*``: PRIME's implicit PRM optimizer (verl's recipe: lr 1e-6, no weight decay,
+    grad_clip 10)."""
+
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    grad_clip: float = 10.0  # max global gradient norm; <= 0 disables clipping
+
+
+@dataclass
 class RewardModelModelConfig:
     """``reward_model.model.*``: the reward model checkpoint (used when ``reward_model.enable``)."""
 
@@ -545,6 +569,16 @@ class RewardModelModelConfig:
     # tokenizer of the policy's ids; set = decode each response and re-tokenize it with the RM's own tokenizer and
     # chat template (verl's default: the policy path); null = the RM reads the policy's token ids as they are
     input_tokenizer: Optional[str] = "${actor_rollout_ref.model.path}"
+    # ---- PRIME's implicit PRM (algorithm.adv_estimator=prime; verl's recipe/prime keys). There path is a causal LM
+    # (null = the policy's initial weights) that reads the policy's token ids, trained online every step.
+    ref_path: Optional[str] = None  # PRIME: the PRM's frozen reference; null = the PRM's initial weights (verl)
+    ref_type: str = "freeze"  # PRIME: the reference stays frozen (verl's only value)
+    # PRIME: "before" = update the PRM on the step's responses, then score them with it (verl's default);
+    # "after" = score with the PRM as it was before this step's update, then update; "none" = never update
+    update: str = "before"
+    beta_train: float = 0.05  # PRIME: beta of the implicit reward beta * log(pi_phi / pi_ref), > 0
+    loss_type: str = "ce"  # PRIME: the PRM's loss: "ce" (cross-entropy on the sequence implicit reward)
+    optim: "PRMOptimConfig" = field(default_factory=lambda: PRMOptimConfig())  # PRIME: the PRM's optimizer
 
 
 @dataclass
@@ -553,7 +587,11 @@ class RewardModelConfig:
 
     enable: bool = False  # True = also score every response with the model at reward_model.model.path
     model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)  # reward model checkpoint
-    micro_batch_size_per_gpu: Optional[int] = None  # responses per device per RM forward; null = all
+    micro_batch_size_per_gpu: Optional[int] = None  # responses per device per RM forward (PRIME: and update); null = all
+    # PRIME: responses per PRM optimizer update (verl counts responses here); null = actor.ppo_mini_batch_size's value
+    mini_batch_size: Optional[int] = None
+    prime_granularity: str = "token"  # PRIME: "token" (a reward per token) | "whole" (their sum on the last token)
+    prime_norm: str = "batch_norm"  # PRIME: "batch_norm" (divide by the largest |return-to-go|) | "none"
     max_length: Optional[int] = None  # re-tokenized RM input width (longer: cut on the right); null = prompt+response
     # jaxrl: how the RM score and the rule score make the reward. "replace" (verl: its reward managers return the
     # RM's scores and skip the rule function): reward = RM score; rows whose reward_model.style is "rule" are still

@@ -58,3 +58,35 @@ def groups_with_signal(metric: np.ndarray, group_ids: np.ndarray) -> np.ndarray:
         rows = group_ids == g
         keep[rows] = rows.sum() > 1 and np.std(metric[rows]) > 0
     return keep
+
+
+def accuracy_band_groups(acc: np.ndarray, group_ids: np.ndarray, lengths: np.ndarray, *, keep: int,
+                         filter_accuracy: bool, lower: float, upper: float, filter_truncate: bool,
+                         max_length: int) -> tuple[np.ndarray, int]:
+    """PRIME's prompt filter (verl ``recipe/prime``: ``data.filter_accuracy`` / ``accuracy_lower_bound`` /
+    ``accuracy_upper_bound`` / ``filter_truncate``, after ``data.oversample_factor`` x the prompts were generated):
+    the ``keep`` groups a step trains on. A group passes when its mean outcome label lies in ``[lower, upper]``
+    (with ``filter_accuracy``) and none of its responses has ``>= max_length - 1`` tokens (with
+    ``filter_truncate``); passing groups come first, then the others, each in batch order.
+
+    Args:
+      acc: ``[N]`` outcome labels; group_ids: ``[N]`` int groups; lengths: ``[N]`` response lengths in tokens.
+      keep: groups to keep (``data.train_batch_size``).
+
+    Returns:
+      ``(rows, passing)``: the kept rows ``[K]`` int (ascending) and how many groups of the batch passed.
+    """
+    acc, group_ids, lengths = np.asarray(acc, np.float64), np.asarray(group_ids), np.asarray(lengths)
+    groups = list(dict.fromkeys(group_ids.tolist()))  # in order of first appearance
+    passing = []
+    for g in groups:
+        rows = group_ids == g
+        ok = True
+        if filter_accuracy:
+            ok = bool(lower <= acc[rows].mean() <= upper)
+        if filter_truncate:
+            ok = ok and bool(lengths[rows].max() < max_length - 1)
+        passing.append(ok)
+    order = np.argsort(~np.asarray(passing, bool), kind="stable")
+    chosen = np.asarray(groups)[order][:keep]
+    return np.flatnonzero(np.isin(group_ids, chosen)), int(np.sum(passing))

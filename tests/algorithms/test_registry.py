@@ -24,6 +24,7 @@ EXPECTED_ESTIMATORS = {
     "grpo_passk": (("norm_adv_by_std_in_grpo", "adv_std_epsilon"), ()),
     "opo": ((), ()),
     "gpg": ((), ()),
+    "prime": (("reward_dpo_coef", "reward_gt_coef", "gamma"), ("rm_scores",)),
 }
 EXPECTED_LOSSES = {
     "vanilla": (), "gspo": (), "cispo": (), "gpg": (),

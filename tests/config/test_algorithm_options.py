@@ -45,7 +45,7 @@ def test_an_option_the_chosen_loss_does_not_take_fails_with_its_name_and_the_los
 def test_an_option_the_chosen_estimator_does_not_take_fails():
     msg = _error(["algorithm.gamma=0.9"])  # grpo
     assert msg.startswith("algorithm.gamma=0.9 is set, but algorithm.adv_estimator='grpo' does not take it")
-    assert "the options of 'grpo': norm_adv_by_std_in_grpo" in msg and "(gae, reinforce_plus_plus)" in msg
+    assert "the options of 'grpo': norm_adv_by_std_in_grpo" in msg and "(gae, reinforce_plus_plus, prime)" in msg
     msg = _error(["algorithm.adv_estimator=reinforce_plus_plus", "algorithm.lam=0.95"])
     assert "algorithm.lam=0.95" in msg and "the options of 'reinforce_plus_plus': gamma" in msg
     assert "algorithm.norm_adv_by_std_in_grpo=False" in _error(["algorithm.adv_estimator=rloo",
