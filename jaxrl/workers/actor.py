@@ -19,6 +19,7 @@ On a device mesh (``mesh=...``, see :mod:`jaxrl.workers.placement`) the log-prob
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -121,8 +122,10 @@ class LogProbComputer:
         self.max_token_key = max_token_key or "log_prob_max_token_len_per_gpu"
         self.shards = 1 if mesh is None else batch_shards(mesh, self.rules)
         if mesh is None:
-            fn = self._log_probs_packed if self.remove_padding else self._log_probs
-            self._fn = jax.jit(fn, static_argnames=("prompt_width",))
+            # one module-level jitted program per (graphdef, temperature, layout): the actor's old-log-prob pass
+            # and the reference's share its compiled executables (same model, same shapes) instead of compiling twice
+            program = _packed_log_probs_program if self.remove_padding else _log_probs_program
+            self._fn = functools.partial(program, self.graphdef, temperature=self.temperature)
         else:
             if max_token_len is None and not self.remove_padding:
                 check_row_shards(micro_batch_size, self.shards, "the log-prob micro-batch")
@@ -220,6 +223,24 @@ class LogProbComputer:
         lp = scatter_rows(outs_lp, slot_list, batch.size)
         ent = scatter_rows(outs_ent, slot_list, batch.size)
         return lp * rmask, ent * rmask
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "prompt_width"))
+def _log_probs_program(graphdef, params, input_ids, positions, attention_mask, response_ids, *, temperature,
+                       prompt_width):
+    """Log-probs and entropies ``[B, R]`` of padded rows on one device (:class:`LogProbComputer` without a mesh)."""
+    logits = _forward_response(graphdef, params, input_ids, positions, attention_mask, prompt_width, temperature)
+    return log_probs_from_logits(logits, response_ids), entropy_from_logits(logits)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "prompt_width"))
+def _packed_log_probs_program(graphdef, params, micro, *, temperature, prompt_width=0):
+    """Log-probs and entropies ``[G x S, R]`` of packed rows on one device (:class:`LogProbComputer` without a
+    mesh)."""
+    logits = _forward_packed(graphdef, params, micro, temperature)
+    mask = micro["response_mask"]
+    lp = to_slots(log_probs_from_logits(logits, micro["score_ids"]), micro["slot_index"], mask)
+    return lp, to_slots(entropy_from_logits(logits), micro["slot_index"], mask)
 
 
 class ActorWorker(TrainedRole):

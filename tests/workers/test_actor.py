@@ -148,3 +148,22 @@ def test_nonfinite_gradient_skips_update(split_model):
     assert metrics["actor/nonfinite_grad"] == 1
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(actor.params)):
         np.testing.assert_array_equal(a, np.asarray(b))
+
+
+def test_actor_and_reference_share_the_log_prob_program():
+    """The old-log-prob pass and the reference's run one model on the same shapes: one compiled executable, not
+    two (each compile of a real model costs seconds and host memory), and the results stay each one's own."""
+    from jaxrl.workers.actor import _log_probs_program
+
+    model = Decoder(tiny_model_config(hidden_size=24, intermediate_size=40), rngs=nnx.Rngs(3))
+    graphdef, params = nnx.split(model)
+    ref_params = jax.tree.map(lambda x: x * 0.5, params)
+    batch = make_batch(n=8, seed=4)
+    actor_lp, ref_lp = (LogProbComputer(graphdef, micro_batch_size=4, temperature=0.7) for _ in range(2))
+    before = _log_probs_program._cache_size()
+    a, _ = actor_lp(params, batch)
+    b, _ = ref_lp(ref_params, batch)
+    assert _log_probs_program._cache_size() == before + 1
+    assert not np.allclose(a, b)  # different params, different log-probs through the shared program
+    c, _ = LogProbComputer(graphdef, micro_batch_size=4, temperature=0.7)(params, batch)
+    np.testing.assert_array_equal(a, c)
