@@ -349,6 +349,7 @@ class Decoder(nnx.Module):
         return_hidden: bool = False,
         activation_sharding=None,
         segment_ids: jax.Array | None = None,
+        remat: bool | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         """Run the model on a chunk of ``T`` tokens.
 
@@ -372,6 +373,9 @@ class Decoder(nnx.Module):
                 segment_ids[b, t]``, so attention never crosses a sequence boundary; the caller restarts
                 ``positions`` at 0 for each segment and marks padding with ``attention_mask`` 0 (segment 0).
                 None (the default) leaves the program exactly as without the argument.
+            remat: None = the model's ``remat`` setting; False for a forward that is never differentiated (the
+                log-prob and value passes), which then runs the plain layer loop instead of the rematerialised
+                scan (whose in-program weight stacking costs time and saves nothing without a backward).
 
         Semantics: without a cache, query ``t`` attends to keys ``s <= t`` with ``attention_mask[b, s]``. With a
         cache, the new keys/values are written to slots ``[cache_index, cache_index + T)`` and query ``t`` (at
@@ -438,11 +442,12 @@ class Decoder(nnx.Module):
         x = constrain(x)
         new_k, new_v = (None, None) if cache is None else (cache.k, cache.v)
         # Remat only pays off when a backward pass follows; cached decoding never differentiates.
-        scanned = self._remat_scan(x, cos, sin, mask, constrain) if (self.remat and cache is None) else None
+        use_remat = self.remat if remat is None else bool(remat)
+        scanned = self._remat_scan(x, cos, sin, mask, constrain) if (use_remat and cache is None) else None
         if scanned is not None:
             x = scanned
         else:
-            call = _remat_block if (self.remat and cache is None) else _call_block
+            call = _remat_block if (use_remat and cache is None) else _call_block
             for i, block in enumerate(self.layers):
                 if cache is None:
                     x, _, _ = call(block, x, cos, sin, mask, None, None, cache_index)

@@ -83,8 +83,9 @@ class RewardModel(nnx.Module):
 
     def token_logits(self, input_ids, positions, attention_mask, activation_sharding=None) -> jax.Array:
         """Head logits at every position, ``[B, T, num_labels]`` float32 (transformers' ``self.score(hidden)``)."""
-        hidden, _ = self.backbone(
-            input_ids, positions, attention_mask, return_hidden=True, activation_sharding=activation_sharding
+        hidden, _ = self.backbone(  # frozen, never differentiated: the plain layer loop (no remat scan)
+            input_ids, positions, attention_mask, return_hidden=True, activation_sharding=activation_sharding,
+            remat=False,
         )
         return jnp.einsum("bth,hl->btl", hidden.astype(jnp.float32), self.score[...].astype(jnp.float32))
 

@@ -42,7 +42,8 @@ from sharding import DEFAULT_RULES, param_shardings, shard_state
 
 
 def _forward_response(
-    graphdef, params, input_ids, positions, attention_mask, prompt_width, temperature, activation_sharding=None
+    graphdef, params, input_ids, positions, attention_mask, prompt_width, temperature, activation_sharding=None,
+    remat=None,
 ):
     """Logits of the response positions.
 
@@ -53,12 +54,14 @@ def _forward_response(
       temperature: logits are divided by it (as verl does) so log-probs match the sampling distribution.
       activation_sharding: on a mesh, the residual stream's sharding at block boundaries (rows over the batch
         axes; see :func:`activation_sharding`), else None.
+      remat: the decoder's ``remat=`` (None = the model's setting; False for a forward never differentiated).
 
     Returns:
       float32 logits ``[B, R, V]``.
     """
     model = nnx.merge(graphdef, params)
-    hidden, _ = model(input_ids, positions, attention_mask, return_hidden=True, activation_sharding=activation_sharding)
+    hidden, _ = model(input_ids, positions, attention_mask, return_hidden=True, activation_sharding=activation_sharding,
+                      remat=remat)
     r = input_ids.shape[1] - prompt_width
     # The LM head only on the R scoring positions: no [B, P, V] prompt-position logits (their matmul and its
     # backward would be wasted work, a large share of a small model's FLOPs with a 50-150k vocabulary).
@@ -69,12 +72,13 @@ def _forward_response(
 forward_response = _forward_response  # public name: the offline roles (jaxrl.workers.sft / preference) use it too
 
 
-def _forward_packed(graphdef, params, micro, temperature, activation_sharding=None):
+def _forward_packed(graphdef, params, micro, temperature, activation_sharding=None, remat=None):
     """Logits at the scoring columns of packed rows (:func:`jaxrl.workers.packing.packed_micro`).
 
     Args:
       micro: ``input_ids`` / ``positions`` / ``segment_ids`` ``[G, T]`` and ``score_cols`` ``[G, K]`` int32.
       temperature: logits are divided by it.
+      remat: the decoder's ``remat=`` (None = the model's setting; False for a forward never differentiated).
 
     Returns:
       float32 logits ``[G, K, V]``: row ``g``'s ``k``-th entry predicts the response token at ``score_cols + 1``.
@@ -82,7 +86,7 @@ def _forward_packed(graphdef, params, micro, temperature, activation_sharding=No
     model = nnx.merge(graphdef, params)
     seg = micro["segment_ids"]
     hidden, _ = model(micro["input_ids"], micro["positions"], seg != 0, return_hidden=True,
-                      activation_sharding=activation_sharding, segment_ids=seg)
+                      activation_sharding=activation_sharding, segment_ids=seg, remat=remat)
     # the LM head only on the K scoring columns (real response tokens), as the padded path takes only R columns
     return model.logits(at_scores(hidden, micro["score_cols"])) / temperature
 
@@ -163,12 +167,12 @@ class LogProbComputer:
     def _log_probs(self, params, input_ids, positions, attention_mask, response_ids, *, prompt_width):
         logits = _forward_response(
             self.graphdef, params, input_ids, positions, attention_mask, prompt_width, self.temperature,
-            self.activation_sharding,
+            self.activation_sharding, remat=False,
         )
         return log_probs_from_logits(logits, response_ids), entropy_from_logits(logits)
 
     def _log_probs_packed(self, params, micro, *, prompt_width=0):
-        logits = _forward_packed(self.graphdef, params, micro, self.temperature, self.activation_sharding)
+        logits = _forward_packed(self.graphdef, params, micro, self.temperature, self.activation_sharding, remat=False)
         mask = micro["response_mask"]
         lp = to_slots(log_probs_from_logits(logits, micro["score_ids"]), micro["slot_index"], mask)
         return lp, to_slots(entropy_from_logits(logits), micro["slot_index"], mask)
@@ -229,7 +233,8 @@ class LogProbComputer:
 def _log_probs_program(graphdef, params, input_ids, positions, attention_mask, response_ids, *, temperature,
                        prompt_width):
     """Log-probs and entropies ``[B, R]`` of padded rows on one device (:class:`LogProbComputer` without a mesh)."""
-    logits = _forward_response(graphdef, params, input_ids, positions, attention_mask, prompt_width, temperature)
+    logits = _forward_response(graphdef, params, input_ids, positions, attention_mask, prompt_width, temperature,
+                               remat=False)
     return log_probs_from_logits(logits, response_ids), entropy_from_logits(logits)
 
 
@@ -237,7 +242,7 @@ def _log_probs_program(graphdef, params, input_ids, positions, attention_mask, r
 def _packed_log_probs_program(graphdef, params, micro, *, temperature, prompt_width=0):
     """Log-probs and entropies ``[G x S, R]`` of packed rows on one device (:class:`LogProbComputer` without a
     mesh)."""
-    logits = _forward_packed(graphdef, params, micro, temperature)
+    logits = _forward_packed(graphdef, params, micro, temperature, remat=False)
     mask = micro["response_mask"]
     lp = to_slots(log_probs_from_logits(logits, micro["score_ids"]), micro["slot_index"], mask)
     return lp, to_slots(entropy_from_logits(logits), micro["slot_index"], mask)
@@ -396,11 +401,11 @@ class ActorWorker(TrainedRole):
             # Exact KL over the vocabulary: the reference's whole distribution, recomputed on this micro-batch.
             if "segment_ids" in micro:
                 ref_logits = jax.lax.stop_gradient(_forward_packed(
-                    self.base_graphdef, ref_params, micro, self.temperature, self.activation_sharding))
+                    self.base_graphdef, ref_params, micro, self.temperature, self.activation_sharding, remat=False))
             else:
                 ref_logits = jax.lax.stop_gradient(_forward_response(
                     self.base_graphdef, ref_params, micro["input_ids"], micro["positions"], micro["attention_mask"],
-                    prompt_width, self.temperature, self.activation_sharding,
+                    prompt_width, self.temperature, self.activation_sharding, remat=False,
                 ))
             kld = per_token(kl_penalty(jax.nn.log_softmax(logits, -1), jax.nn.log_softmax(ref_logits, -1), "full"))
             kl_loss = agg_loss(kld, mask, c.loss_agg_mode, **norms)

@@ -31,7 +31,7 @@ from jaxrl.workers.trained_role import TrainedRole
 
 
 def forward_response_values(
-    graphdef, params, input_ids, positions, attention_mask, prompt_width: int, activation_sharding=None
+    graphdef, params, input_ids, positions, attention_mask, prompt_width: int, activation_sharding=None, remat=None
 ) -> jax.Array:
     """Values of the response tokens.
 
@@ -40,18 +40,19 @@ def forward_response_values(
       input_ids, positions, attention_mask: ``[B, P + R]`` int32 (prompt then response).
       prompt_width: ``P`` (static).
       activation_sharding: on a mesh, the residual stream's sharding at block boundaries, else None.
+      remat: the model's ``remat=`` (None = its setting; False for the value pass, never differentiated).
 
     Returns:
       float32 ``[B, R]``: the value for response token ``j`` is read at position ``P + j - 1``, the state
       *before* emitting token ``j`` (verl's critic: ``values[:, -R - 1:-1]``).
     """
     model = nnx.merge(graphdef, params)
-    values = model(input_ids, positions, attention_mask, activation_sharding=activation_sharding)
+    values = model(input_ids, positions, attention_mask, activation_sharding=activation_sharding, remat=remat)
     r = input_ids.shape[1] - prompt_width
     return jax.lax.dynamic_slice_in_dim(values, prompt_width - 1, r, axis=1)
 
 
-def forward_packed_values(graphdef, params, micro, activation_sharding=None) -> jax.Array:
+def forward_packed_values(graphdef, params, micro, activation_sharding=None, remat=None) -> jax.Array:
     """Values of the response tokens from packed rows (:func:`jaxrl.workers.packing.packed_micro`).
 
     Returns:
@@ -61,7 +62,7 @@ def forward_packed_values(graphdef, params, micro, activation_sharding=None) -> 
     model = nnx.merge(graphdef, params)
     seg = micro["segment_ids"]
     values = model(micro["input_ids"], micro["positions"], seg != 0, activation_sharding=activation_sharding,
-                   segment_ids=seg)
+                   segment_ids=seg, remat=remat)
     return to_slots(at_scores(values, micro["score_cols"]), micro["slot_index"], micro["response_mask"])
 
 
@@ -120,11 +121,12 @@ class CriticWorker(TrainedRole):
     def _values(self, params, frozen, input_ids, positions, attention_mask, *, prompt_width):
         return forward_response_values(
             self.graphdef, self.full_state(params, frozen), input_ids, positions, attention_mask, prompt_width,
-            self.activation_sharding,
+            self.activation_sharding, remat=False,
         )
 
     def _packed_values(self, params, frozen, micro, *, prompt_width=0):
-        return forward_packed_values(self.graphdef, self.full_state(params, frozen), micro, self.activation_sharding)
+        return forward_packed_values(self.graphdef, self.full_state(params, frozen), micro, self.activation_sharding,
+                                     remat=False)
 
     def compute_values(self, batch: RLBatch) -> np.ndarray:
         """Values of the response tokens under the current params.

@@ -295,6 +295,31 @@ def test_remat_same_values_and_grads():
     assert "remat" not in grad_jaxpr(model)
 
 
+def test_remat_override_for_forwards_never_differentiated():
+    """``remat=False`` at call time (the log-prob and value passes) runs the plain layer loop on a remat model: no
+    scan, no in-program weight stacking, the same outputs."""
+    from jaxrl.workers.actor import LogProbComputer
+    from tests.helpers import tiny_batch, tiny_model_config
+
+    cfg = tiny_model_config(num_hidden_layers=3)
+    graphdef, state = nnx.split(Decoder(cfg, rngs=nnx.Rngs(1), remat=True))
+    ids = jnp.asarray(np.arange(12, dtype=np.int32).reshape(2, 6) % cfg.vocab_size)
+    positions = jnp.broadcast_to(jnp.arange(6, dtype=jnp.int32), (2, 6))
+    mask = jnp.ones((2, 6), jnp.int32)
+
+    def run(remat):
+        return nnx.merge(graphdef, state)(ids, positions, mask, remat=remat)[0]
+
+    assert "scan" in str(jax.make_jaxpr(lambda: run(None))())
+    assert "scan" not in str(jax.make_jaxpr(lambda: run(False))())
+    np.testing.assert_allclose(np.asarray(run(None)), np.asarray(run(False)), atol=1e-5)
+    batch, _ = tiny_batch(4, prompt_width=6, response_width=5, vocab_size=cfg.vocab_size)
+    lp = LogProbComputer(graphdef, micro_batch_size=4, temperature=1.0)
+    jaxpr = str(jax.make_jaxpr(lambda p: lp._fn(p, batch.input_ids(), batch.positions(), batch.attention_mask(),
+                                                  batch.response_ids, prompt_width=6))(state))
+    assert "scan" not in jaxpr
+
+
 def test_remat_bounds_the_backward_memory():
     """Remat must lower the compiled backward's temporaries: XLA scheduled every recomputation of an unrolled
     loop of ``nnx.remat`` blocks before the backward (all layers' attention scores alive at once; SmolLM2 on a

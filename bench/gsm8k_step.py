@@ -1,0 +1,136 @@
+"""Benchmark: the GSM8K GRPO step on SmolLM2-135M (ragged real prompts, responses stopping at EOS) per variant.
+
+Each variant is the real CLI, ``python -m jaxrl.train --config configs/gsm8k_grpo_smollm2_135m.yaml`` (4 prompts x
+n = 4 per step, prompts <= 256 tokens, responses <= 128, KL loss against the reference) for ``--steps`` steps with
+validation and checkpoints off, run one after another in this invocation:
+
+* ``padded``: the config as shipped (micro-batches of 4 rows padded to the bucketed prompt width + 128);
+* ``packed``: the same with ``use_remove_padding`` + ``use_dynamic_bsz`` (packed rows, 1024-token micro-batches);
+* ``padded@REV`` (``--baseline-rev REV``): the padded config run by the code of git revision ``REV`` (a detached
+  worktree under ``outputs/bench/``), e.g. the commit before the speed work, to compare with "today's" step.
+
+Reported per variant: the median step time over the steps after the first (the first compiles), its phases,
+the first step, the response length and real tokens per step, and the peak ``perf/cpu_memory_used_gb`` (RSS).
+Every variant sees the same prompts (same seed), and the sampled responses agree between variants (identical
+rollout code and weights), so the work per step is the same and ratios are meaningful.
+
+Run: ``python bench/gsm8k_step.py [--steps 4] [--baseline-rev 6a0e093]`` (about 7 minutes per variant on 2 cores).
+Writes ``bench/results/gsm8k_step.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import ROOT, WORK_DIR, header_lines, write_section  # noqa: E402
+
+CONFIG = "configs/gsm8k_grpo_smollm2_135m.yaml"
+PADDED = ["actor_rollout_ref.model.use_remove_padding=false", "actor_rollout_ref.actor.use_dynamic_bsz=false",
+          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"]  # the shipped config's values, spelled out
+PACKED = ["actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.actor.use_dynamic_bsz=true",
+          "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1024"]
+PHASES = ("gen", "old_log_prob", "ref", "update_actor")
+
+
+def worktree(rev: str) -> Path:
+    """A detached checkout of ``rev`` under ``outputs/bench/rev-<rev>`` (made once)."""
+    path = WORK_DIR / f"rev-{rev}"
+    if not path.exists():
+        subprocess.run(["git", "worktree", "add", "--detach", str(path), rev], cwd=ROOT, check=True,
+                       capture_output=True)
+    return path
+
+
+def run_variant(name: str, overrides: list[str], steps: int, code: Path = ROOT) -> dict:
+    out = WORK_DIR / "gsm8k_step" / name.replace("@", "-at-")
+    if out.exists():
+        subprocess.run(["rm", "-rf", str(out)], check=True)
+    data = ROOT / "outputs" / "data" / "gsm8k"  # absolute: an older revision runs from its own worktree
+    cmd = [sys.executable, "-m", "jaxrl.train", "--config", str(ROOT / CONFIG), *overrides,
+           f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
+           f"trainer.total_training_steps={steps}", "trainer.val_before_train=false", "trainer.test_freq=-1",
+           "trainer.save_freq=-1", "trainer.resume_mode=disable", f"trainer.default_local_dir={out}",
+           "trainer.logger=[console,jsonl]"]
+    env = dict(os.environ, PYTHONPATH=str(code), JAXRL_SHARED=os.environ.get("JAXRL_SHARED", str(ROOT.parent / "shared")))
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=code, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    (out / "train.log").parent.mkdir(parents=True, exist_ok=True)
+    (out / "train.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name}: exit {proc.returncode}\n{(proc.stdout + proc.stderr)[-2000:]}")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    later = rows[1:] or rows
+
+    def med(key: str) -> float | None:
+        vals = [r[key] for r in later if key in r]
+        return statistics.median(vals) if vals else None
+
+    return dict(
+        name=name, wall_s=wall, steps=len(rows), first_step_s=rows[0]["timing_s/step"],
+        step_s=med("timing_s/step"), step_min=min(r["timing_s/step"] for r in later),
+        step_max=max(r["timing_s/step"] for r in later),
+        phases={p: med(f"timing_s/{p}") for p in PHASES},
+        response_length=statistics.mean(r["response_length/mean"] for r in rows),
+        real_tokens=statistics.mean(r["perf/total_num_tokens"] for r in rows),
+        peak_rss_gb=max(r.get("perf/cpu_memory_used_gb", 0.0) for r in rows),
+        scores=[r.get("critic/score/mean") for r in rows],
+        command="python -m jaxrl.train --config " + CONFIG + " " + " ".join(overrides) + (
+            f" (code at {code.name})" if code != ROOT else ""),
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--baseline-rev", default=None, help="also run the padded config with this git revision's code")
+    ap.add_argument("--variants", default="packed,padded", help="comma list of packed, padded")
+    ap.add_argument("--quick", action="store_true", help="2 steps, packed only")
+    args = ap.parse_args()
+    if not (ROOT / "outputs/data/gsm8k/train.parquet").exists():
+        subprocess.run([sys.executable, "-m", "jaxrl.data.prepare", "gsm8k", "--output", "outputs/data/gsm8k"],
+                       cwd=ROOT, check=True)
+    steps = 2 if args.quick else args.steps
+    variants = ["packed"] if args.quick else args.variants.split(",")
+    results = []
+    for v in variants:
+        results.append(run_variant(v, PACKED if v == "packed" else PADDED, steps))
+        print(json.dumps(results[-1]), flush=True)
+    if args.baseline_rev and not args.quick:
+        results.append(run_variant(f"padded@{args.baseline_rev}", PADDED, steps, worktree(args.baseline_rev)))
+        print(json.dumps(results[-1]), flush=True)
+
+    base = results[-1]
+    cmd = "python bench/gsm8k_step.py" + (f" --steps {args.steps}" if args.steps != 4 else "") + (
+        f" --baseline-rev {args.baseline_rev}" if args.baseline_rev else "")
+    lines = header_lines(
+        "GSM8K GRPO step on SmolLM2-135M: packed rows and token-budget micro-batches vs padded", cmd,
+        [f"config: `{CONFIG}` (4 prompts x n=4, prompt <= 256, response <= 128, KL loss), {steps} steps per variant, "
+         "validation and checkpoints off; variants run one after another",
+         "step s: median over the steps after the first (min-max); first step: includes compilation",
+         "peak RSS: the largest perf/cpu_memory_used_gb of the run"])
+    lines += ["| variant | step s | first step s | gen | old_log_prob | ref | update_actor | response len | "
+              "tokens/step | peak RSS GB | step / last row's |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        ph = r["phases"]
+        fmt = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
+        lines.append(f"| {r['name']} | {r['step_s']:.1f} ({r['step_min']:.1f}-{r['step_max']:.1f}) | "
+                     f"{r['first_step_s']:.1f} | {fmt(ph['gen'])} | {fmt(ph['old_log_prob'])} | {fmt(ph['ref'])} | "
+                     f"{fmt(ph['update_actor'])} | {r['response_length']:.1f} | {r['real_tokens']:.0f} | "
+                     f"{r['peak_rss_gb']:.2f} | {r['step_s'] / base['step_s']:.2f}x |")
+    lines += ["", *[f"- {r['name']}: `{r['command']}`; process wall {r['wall_s']:.0f} s" for r in results]]
+    md, _ = write_section("gsm8k_step", lines, results)
+    print(f"wrote {md}")
+
+
+if __name__ == "__main__":
+    main()
