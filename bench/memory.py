@@ -162,6 +162,8 @@ def main() -> None:
                   f"after {rows[-1]['after_gb']:.2f} GB  live arrays {rows[-1]['live_gb']:.2f} GB", flush=True)
     c.store.close()
     c.reward.close()
+    if c.lock is not None:
+        c.lock.release()
 
     peak = max([build_peak] + [r["peak_gb"] for r in rows])
     last = rows[-1]
