@@ -140,6 +140,18 @@ def test_a_killed_actor_ends_the_run_and_max_restarts_resumes_it(reference, clus
     assert wait_gone(_run_processes(cluster), 30) == []
 
 
+def submit_job(cmd: list[str], *, timeout: float, **kw) -> subprocess.CompletedProcess:
+    """``ray job submit``, submitted again while Ray refuses it with "No available agent to submit job, please try
+    again later" (the head's job agent starts after the dashboard answers; nothing runs from a refused submission)."""
+    deadline = time.monotonic() + 120
+    while True:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+        refused = "No available agent to submit job" in done.stdout + done.stderr
+        if done.returncode == 0 or not refused or time.monotonic() > deadline:
+            return done
+        time.sleep(3)
+
+
 def test_ray_job_submit_runs_the_verl_style_command_and_reports_a_failed_training(shared, tmp_path):
     require_ray()
     home = tmp_path / "home"
@@ -152,8 +164,8 @@ def test_ray_job_submit_runs_the_verl_style_command_and_reports_a_failed_trainin
         train = [sys.executable, "-m", "jaxrl.train", *COMMON, "trainer.mesh.fsdp=4", "trainer.nnodes=2",
                  "trainer.n_gpus_per_node=2", "trainer.distributed.local_device_count=2",
                  "trainer.total_training_steps=1", "trainer.val_before_train=false"]
-        ok = subprocess.run([*submit, *train, f"trainer.default_local_dir={tmp_path / 'run'}"], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=1200)
+        ok = submit_job([*submit, *train, f"trainer.default_local_dir={tmp_path / 'run'}"], cwd=REPO, env=env,
+                        timeout=1200)
         assert ok.returncode == 0, (ok.stdout[-5000:], ok.stderr[-3000:])
         assert re.search(r"Job 'raysubmit_\w+' succeeded", ok.stdout + ok.stderr)
         assert "jaxrl: ray: placed 2 host(s) x {CPU: 1}" in ok.stdout + ok.stderr  # the job log, streamed
@@ -161,9 +173,8 @@ def test_ray_job_submit_runs_the_verl_style_command_and_reports_a_failed_trainin
 
         bad = tmp_path / "broken.jsonl"
         bad.write_text('{"prompt": "unterminated\n')
-        failed = subprocess.run([*submit, *train, f"data.train_files={bad}", f"data.val_files={bad}",
-                                 f"trainer.default_local_dir={tmp_path / 'failed'}"], cwd=REPO, env=env,
-                                capture_output=True, text=True, timeout=600)
+        failed = submit_job([*submit, *train, f"data.train_files={bad}", f"data.val_files={bad}",
+                             f"trainer.default_local_dir={tmp_path / 'failed'}"], cwd=REPO, env=env, timeout=600)
         text = failed.stdout + failed.stderr
         assert failed.returncode != 0, text[-5000:]
         assert re.search(r"Job 'raysubmit_\w+' failed", text), text[-3000:]
