@@ -89,6 +89,18 @@ class RLBatch:
         """``[N, P + R]`` int32 RoPE positions: ``cumsum(mask) - 1`` clipped at 0 (left padding aware)."""
         return positions_from_mask(self.attention_mask())
 
+    def sequence_arrays(self) -> dict[str, np.ndarray]:
+        """The per-row arrays every log-prob forward and policy-side loss reads, ``[N, ...]`` each:
+        ``input_ids`` / ``positions`` / ``attention_mask`` ``[N, P + R]`` int32, ``response_ids`` ``[N, R]`` and
+        ``response_mask`` ``[N, R]`` float32."""
+        return {
+            "input_ids": self.input_ids(),
+            "positions": self.positions(),
+            "attention_mask": self.attention_mask(),
+            "response_ids": self.response_ids,
+            "response_mask": self.response_mask.astype(np.float32),
+        }
+
     def select(self, idx: np.ndarray) -> RLBatch:
         """A new batch with rows ``idx`` (``[K]`` int) of every non-empty field."""
         return RLBatch(

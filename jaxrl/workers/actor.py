@@ -202,9 +202,7 @@ class LogProbComputer:
 
     def _call_slotted(self, params, batch: RLBatch) -> tuple[np.ndarray, np.ndarray]:
         """Packed rows and / or token-budget calls: slots planned over the whole batch, results put back in order."""
-        arrays = {"input_ids": batch.input_ids(), "positions": batch.positions(),
-                  "attention_mask": batch.attention_mask(), "response_ids": batch.response_ids,
-                  "response_mask": batch.response_mask.astype(np.float32)}
+        arrays = batch.sequence_arrays()
         rows = np.arange(batch.size)
         slot_list = plan_slots(rows, real_lengths(arrays["attention_mask"]), shards=self.shards,
                                micro_rows=self.micro_batch_size, budget=self.max_token_len,
@@ -430,11 +428,7 @@ class ActorWorker(TrainedRole):
                 raise ValueError("actor update needs batch.old_log_probs, which is not set")
             batch = dataclasses.replace(batch, old_log_probs=batch.rollout_log_probs)
         return {
-            "input_ids": batch.input_ids(),
-            "positions": batch.positions(),
-            "attention_mask": batch.attention_mask(),
-            "response_ids": batch.response_ids,
-            "response_mask": batch.response_mask.astype(np.float32),
+            **batch.sequence_arrays(),
             "old_log_probs": batch.old_log_probs,
             "advantages": batch.advantages,
             "ref_log_probs": batch.ref_log_probs if batch.ref_log_probs is not None else batch.old_log_probs,

@@ -91,11 +91,7 @@ class ImplicitPRMWorker(TrainedRole):
         """The per-row arrays the loss reads (``batch.ref_log_probs`` here are the PRM reference's, ``batch.acc``
         the outcome labels)."""
         return {
-            "input_ids": batch.input_ids(),
-            "positions": batch.positions(),
-            "attention_mask": batch.attention_mask(),
-            "response_ids": batch.response_ids,
-            "response_mask": batch.response_mask.astype(np.float32),
+            **batch.sequence_arrays(),
             "ref_log_probs": np.asarray(batch.ref_log_probs, np.float32),
             "acc": np.asarray(batch.acc, np.float32),
         }

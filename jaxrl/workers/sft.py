@@ -62,13 +62,7 @@ class SFTWorker(TrainedRole):
                                         rules=rules)
 
     def minibatch_arrays(self, batch: RLBatch) -> dict[str, np.ndarray]:
-        return {
-            "input_ids": batch.input_ids(),
-            "positions": batch.positions(),
-            "attention_mask": batch.attention_mask(),
-            "response_ids": batch.response_ids,
-            "response_mask": batch.response_mask.astype(np.float32),
-        }
+        return batch.sequence_arrays()
 
     def _micro_loss(self, params, micro, num_tokens, num_seqs, prompt_width, extra):
         logits = forward_response(self.graphdef, params, micro["input_ids"], micro["positions"],
