@@ -43,6 +43,8 @@ class RLBatch:
       acc: float32 ``[N]``, PRIME: the outcome label of each response in [0, 1] (the reward function's ``acc``
         output, else its score, clipped), what the implicit PRM is trained against.
       rm_scores: float32 ``[N, R]``, PRIME: the implicit PRM's process rewards (the ``"prime"`` estimator's input).
+      policy_version: int32 ``[N]``, the asynchronous pipeline (``async_training.staleness`` > 0): the policy version
+        (actor updates applied) of the weights that generated each row. None in synchronous runs.
     """
 
     prompt_ids: np.ndarray
@@ -62,6 +64,7 @@ class RLBatch:
     response_attention_mask: np.ndarray | None = None
     acc: np.ndarray | None = None
     rm_scores: np.ndarray | None = None
+    policy_version: np.ndarray | None = None
 
     @property
     def size(self) -> int:

@@ -28,6 +28,7 @@ class Resumed:
     kl_ctrl_value: float | None  # the KL controller's coefficient (its target/horizon stay this run's config); None
     # when the run has no KL controller (the offline trainers)
     path: Path  # the checkpoint folder
+    meta: dict = dataclasses.field(default_factory=dict)  # the checkpoint's whole meta (e.g. "async_rollout")
 
 
 class RunCheckpoints:
@@ -57,12 +58,15 @@ class RunCheckpoints:
         """The device state a checkpoint holds: params and optimizer states of every trained role."""
         return {name: role.state()[0] for name, role in self.roles().items()}
 
-    def state_meta(self, step: int, kl_ctrl=None) -> dict:
+    def state_meta(self, step: int, kl_ctrl=None, extra: dict | None = None) -> dict:
         """The host state a checkpoint holds (JSON): step, data position, RNGs, KL controller (when the run has
-        one), model info."""
+        one), model info, and ``extra`` (the async pipeline's ``{"async_rollout": state}``, whose ``data_state`` is
+        then the run's data position: the iterator has run ahead to batches that are generated again on resume)."""
         c = self.c
         roles = {name: role.state()[1] for name, role in self.roles().items()}
-        meta = {"step": step, "data_state": c.train_data.get_state()}
+        pipeline = (extra or {}).get("async_rollout")
+        data_state = pipeline["data_state"] if pipeline else c.train_data.get_state()
+        meta = {"step": step, "data_state": data_state, **(extra or {})}
         if kl_ctrl is not None:
             meta["kl_ctrl"] = {k: float(v) for k, v in kl_ctrl._asdict().items()}
         meta.update({"actor": roles["actor"], "model": c.model_meta})
@@ -116,6 +120,9 @@ class RunCheckpoints:
         sections = [("actor_rollout_ref.model", c.cfg.actor_rollout_ref.model)]
         if c.critic is not None:
             sections.append(("critic.model", c.cfg.critic.model))
+        staleness = getattr(getattr(c.cfg, "async_training", None), "staleness", 0)
+        if staleness:  # the checkpoint holds the batches generated ahead (absent: synchronous fingerprints unchanged)
+            settings["async_training.staleness"] = staleness
         if getattr(c, "prm", None) is not None:  # PRIME: the PRM's and its reference's model files
             m = c.cfg.reward_model.model
             settings.update({"reward_model.model.path": m.path, "reward_model.model.ref_path": m.ref_path})
@@ -154,9 +161,9 @@ class RunCheckpoints:
             raise CheckpointIncompatibleError(f"written by another configuration: {summary(diffs)}", step=step,
                                               path=None, differences=diffs)
 
-    def save_checkpoint(self, step: int, kl_ctrl=None) -> bool:
-        """Save the full training state as checkpoint ``step`` (with ``kl_ctrl``, the RL run's KL controller); a
-        failed save is logged, training goes on.
+    def save_checkpoint(self, step: int, kl_ctrl=None, extra: dict | None = None) -> bool:
+        """Save the full training state as checkpoint ``step`` (with ``kl_ctrl``, the RL run's KL controller, and
+        ``extra`` host state, see :meth:`state_meta`); a failed save is logged, training goes on.
 
         Every call attempts its own save (an earlier asynchronous failure does not block it); whether the run's
         final checkpoint made it to disk is checked by :func:`check_final_checkpoint`.
@@ -167,7 +174,7 @@ class RunCheckpoints:
         from jaxrl.checkpoint import CheckpointSaveError
 
         try:
-            return self.c.store.save(step, arrays=self.state_arrays(), meta=self.state_meta(step, kl_ctrl))
+            return self.c.store.save(step, arrays=self.state_arrays(), meta=self.state_meta(step, kl_ctrl, extra))
         except CheckpointSaveError as e:
             log.error("checkpoint not saved (training state intact, earlier checkpoints kept): %s", e)
             return False
@@ -214,7 +221,7 @@ class RunCheckpoints:
         c.train_data.set_state(meta["data_state"])
         kl_ctrl = meta.get("kl_ctrl")
         return Resumed(step=step, kl_ctrl_value=None if kl_ctrl is None else kl_ctrl["value"],
-                       path=store.step_path(step))
+                       path=store.step_path(step), meta=meta)
 
 
 def check_final_checkpoint(store, step: int | None) -> None:

@@ -51,6 +51,12 @@ class Trainer(TrainingLoop):
         self.kl_ctrl = get_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
         self.checkpoints = RunCheckpoints(c)  # what a checkpoint holds; this class decides when
         self.online_dpo = bool(cfg.algorithm.dpo.enable)
+        self.pipeline = None  # async_training.staleness > 0: batches generated ahead of training (jaxrl.async_rollout)
+        if cfg.async_training.staleness:
+            from jaxrl.async_rollout import AsyncRollout
+
+            self.pipeline = AsyncRollout(staleness=cfg.async_training.staleness, total_steps=c.total_training_steps,
+                                         produce=self._produce, sync_weights=self.sync_rollout, data=c.train_data)
 
     # -- one RL step -----------------------------------------------------------------------------------------
 
@@ -60,7 +66,11 @@ class Trainer(TrainingLoop):
         t: dict[str, float] = {}
         with timed("step", t):
             # phases gen + reward (ReMax: + gen_max; DAPO: several rounds): the batch with its token_level_scores
-            batch, metrics = c.experience.make_experience(c.train_data, seed=self._seed(), timings=t)
+            if self.pipeline is None:
+                batch, metrics = c.experience.make_experience(c.train_data, seed=self._seed(), timings=t)
+                epoch = c.train_data.epoch
+            else:  # generated ahead, by weights at most async_training.staleness steps old
+                batch, metrics, epoch = self._take_ready(t)
             # several processes: every replica must train on the same batch (fails loudly, naming the step)
             distributed.check_replicas(self.step, batch.prompt_ids, batch.response_ids, batch.response_mask)
 
@@ -96,17 +106,48 @@ class Trainer(TrainingLoop):
                 if self.step > cfg.trainer.critic_warmup:  # PPO: let the critic learn first
                     with timed("update_actor", t):
                         metrics.update(c.actor.update(batch))
-                    with timed("sync", t):
-                        metrics["sync/bytes"] = self.sync_rollout()
+                    self._sync_phase(metrics, t)
+
+            if self.pipeline is not None:  # wait for the batch in flight, new weights -> engine, launch the next
+                with timed("sync", t):
+                    metrics.update(self.pipeline.advance(self.step, sync=self.step > cfg.trainer.critic_warmup))
 
         metrics.update(batch_metrics(batch))
+        if self.pipeline is not None:
+            metrics["perf/gen_overlap_ratio"] = metrics["timing_s/gen_overlap"] / max(t["step"], 1e-9)
         metrics.update({f"timing_s/{k}": v for k, v in t.items()})
         n_tokens = int(batch.response_mask.sum() + batch.prompt_mask.sum())
         metrics["perf/total_num_tokens"] = n_tokens
         metrics["perf/throughput"] = n_tokens / max(t["step"], 1e-9)
         metrics.update(memory_metrics())
-        metrics["training/epoch"] = c.train_data.epoch
+        metrics["training/epoch"] = epoch
         return metrics
+
+    def _sync_phase(self, metrics: dict, t: dict) -> None:
+        """Phase ``sync`` after an update: the new weights into the rollout engine. With the async pipeline the engine
+        may still be generating with the previous weights; :meth:`AsyncRollout.advance` syncs once it is idle."""
+        if self.pipeline is None:
+            with timed("sync", t):
+                metrics["sync/bytes"] = self.sync_rollout()
+
+    def _produce(self, index: int) -> tuple[RLBatch, dict, dict, int]:
+        """Phases gen + reward of the batch step ``index`` trains on (the async pipeline's generation thread): the
+        batch, its metrics, its timings and its prompts' epoch. Seeded by ``index``, as the synchronous step."""
+        c, t = self.c, {}
+        batch, metrics = c.experience.make_experience(c.train_data, seed=self._seed(index), timings=t)
+        return batch, metrics, t, c.train_data.epoch
+
+    def _take_ready(self, t: dict) -> tuple[RLBatch, dict, int]:
+        """The async pipeline's batch for this step (started on the first step after a start or resume), with its
+        round's metrics and timings and the pipeline's metrics."""
+        if not self.pipeline.started:
+            self.checkpoints.fingerprint()  # reads the data iterator: before the generation thread draws from it
+            self.pipeline.start(self.step - 1)
+        ready = self.pipeline.take(self.step)
+        t.update(ready.timings)
+        metrics = dict(ready.metrics)
+        metrics.update(self.pipeline.staleness_metrics(ready, trained_version=self.step - 1))
+        return ready.batch, metrics, ready.epoch
 
     def _online_dpo_update(self, batch: RLBatch, metrics: dict, t: dict) -> None:
         """Online DPO (``algorithm.dpo.enable``): the best and the worst scored sample of each group become a pair
@@ -133,18 +174,24 @@ class Trainer(TrainingLoop):
         if self.step > self.c.cfg.trainer.critic_warmup:
             with timed("update_actor", t):
                 metrics.update(c.actor.update(pairs))
-            with timed("sync", t):
-                metrics["sync/bytes"] = self.sync_rollout()
+            self._sync_phase(metrics, t)
 
     def sync_rollout(self) -> int:
         """Give the rollout engine the actor's current weights through the run's
         :class:`~jaxrl.rollout.weight_sync.WeightSync` (the only caller of ``engine.update_weights``); returns the
         bytes moved between devices. With LoRA the engine gets the merged weights (``ActorWorker.merged_params``).
-        Any failure raises ``WeightSyncError``."""
-        return self.c.weight_sync.sync(self.c.actor.merged_params()).bytes_moved
+        With the async pipeline on the train devices (no mesh, or colocated) the engine gets a copy: it generates
+        while the next update donates the actor's buffers. Any failure raises ``WeightSyncError``."""
+        params = self.c.actor.merged_params()
+        placement = self.c.placement
+        if self.pipeline is not None and (placement is None or placement.kind == "colocated"):
+            import jax
 
-    def _seed(self) -> int:
-        return int(self.c.cfg.trainer.seed) * 1_000_003 + self.step
+            params = jax.tree.map(lambda x: x.copy(), params)
+        return self.c.weight_sync.sync(params).bytes_moved
+
+    def _seed(self, step: int | None = None) -> int:
+        return int(self.c.cfg.trainer.seed) * 1_000_003 + (self.step if step is None else step)
 
     def _apply_kl_in_reward(self, batch: RLBatch, metrics: dict) -> np.ndarray:
         """``algorithm.use_kl_in_reward``: rewards = scores - beta * KL(old || ref) per token (verl
@@ -177,6 +224,8 @@ class Trainer(TrainingLoop):
         c, cfg = self.c, self.c.cfg
         if not c.val_rows:
             return {}
+        if self.pipeline is not None:  # the engine is the generation thread's until its batch is done
+            self.pipeline.wait_idle()
         sp = sampling_params(self.rollout_cfg, self.max_new_tokens, validation=True, seed=self._seed() + 7)
         bs = cfg.data.val_batch_size or len(c.val_rows)
         sources, prompt_ids, samples, preds = [], [], [], []
@@ -214,6 +263,14 @@ class Trainer(TrainingLoop):
 
     # -- the loop (jaxrl.loop.TrainingLoop.fit) ---------------------------------------------------------------
 
+    def fit(self) -> dict[str, float]:
+        """:meth:`jaxrl.loop.TrainingLoop.fit`; the async pipeline's generation thread ends with it."""
+        try:
+            return super().fit()
+        finally:
+            if self.pipeline is not None:
+                self.pipeline.close()
+
     def has_validation(self) -> bool:
         return bool(self.c.val_rows)
 
@@ -228,7 +285,10 @@ class Trainer(TrainingLoop):
         """Save the full training state at the current step (:meth:`RunCheckpoints.save_checkpoint`); a failed
         save is logged and training goes on. Whether the run's final checkpoint made it to disk is checked by
         :meth:`fit`."""
-        return self.checkpoints.save_checkpoint(self.step, self.kl_ctrl)
+        extra = None
+        if self.pipeline is not None and self.pipeline.started:  # the batches generated ahead, the data position
+            extra = {"async_rollout": self.pipeline.state()}
+        return self.checkpoints.save_checkpoint(self.step, self.kl_ctrl, extra=extra)
 
     def resume(self) -> bool:
         """Restore the checkpoint ``trainer.resume_mode`` names (:meth:`RunCheckpoints.resume`: roles, data
@@ -247,6 +307,8 @@ class Trainer(TrainingLoop):
             self.kl_ctrl = self.kl_ctrl._replace(value=resumed.kl_ctrl_value)  # target/horizon: this run's config
         self.step = resumed.step
         self.sync_rollout()  # the params were restored onto the train shardings (like=state_arrays())
+        if self.pipeline is not None and "async_rollout" in resumed.meta:  # saved before the pipeline started: none
+            self.pipeline.load_state(resumed.meta["async_rollout"])
         self.c.logger.truncate_after(resumed.step)  # steps logged after this checkpoint will be logged again
         log.info("resumed from %s at step %d", resumed.path, resumed.step)
         return True

@@ -226,6 +226,20 @@ NOTES: dict[str, str] = {
     "reward_model.model.fused_kernel_options.*": _KERNELS,
     "reward_model.model.optim.total_training_steps": "set at run time from trainer.total_training_steps",
     "reward_model.ppo_max_token_len_per_gpu": _DYN_BSZ,
+    # ---- verl's fully-async recipe (recipe/fully_async_policy): jaxrl's pipeline is async_training.staleness
+    "async_training.staleness_threshold": (
+        "jaxrl bounds staleness in policy versions with async_training.staleness (k: a trained batch is at most k "
+        "updates old); verl's fraction of stale samples has no effect"
+    ),
+    "async_training.trigger_parameter_sync_step": (
+        "jaxrl syncs the rollout weights after every update (one mini-batch pass per step); only 1 is valid"
+    ),
+    "async_training.require_batches": "each step trains one data.train_batch_size batch; only 1 is valid",
+    "async_training.use_rollout_log_probs": (
+        "the actor recomputes the old log-probs (actor.recompute_old_log_prob) and corrects for the rollout policy "
+        "with actor_rollout_ref.actor.tis_imp_ratio_cap"
+    ),
+    "async_training.compute_prox_log_prob": "the recomputed old log-probs are the proximal policy's",
 }
 
 REQUIRED_VALUES: dict[str, tuple[Any, ...]] = {
@@ -257,6 +271,8 @@ REQUIRED_VALUES: dict[str, tuple[Any, ...]] = {
     "reward_model.micro_batch_size": (None,),
     "reward_model.use_dynamic_bsz": (False,),
     "reward_model.ulysses_sequence_parallel_size": (1,),
+    "async_training.trigger_parameter_sync_step": (1,),
+    "async_training.require_batches": (1,),
 }
 
 RENAMES: dict[str, str] = {

@@ -94,6 +94,7 @@ def validate_cross(cfg: JaxRLConfig) -> None:
     if cfg.algorithm.dpo.enable:
         _validate_online_dpo(cfg)
     _validate_prime(cfg)
+    _validate_async(cfg)
     vk = rollout.val_kwargs
     if vk.do_sample and vk.temperature <= 0:
         raise ConfigError(
@@ -141,6 +142,22 @@ def _validate_prime(cfg: JaxRLConfig) -> None:
         prime_plan(cfg).check()
     except ValueError as e:
         raise ConfigError(f"{why}: {e}") from None
+
+
+def _validate_async(cfg: JaxRLConfig) -> None:
+    """``async_training``: a non-negative ``staleness``; the pipeline runs the embedded sampler only (its thread shares
+    the process's devices with the trainer; vLLM and JetStream keep host loops of their own); no partial rollouts."""
+    a = cfg.async_training
+    if a.staleness < 0:
+        raise ConfigError(f"async_training.staleness={a.staleness} is invalid; valid: 0 (synchronous) or k >= 1 (a "
+                          "trained batch is at most k policy versions old)")
+    if a.partial_rollout:
+        raise ConfigError("async_training.partial_rollout=True is not supported: a generation round always finishes "
+                          "with the weights it started with (its rows are tagged with that version); set it to False")
+    name = cfg.actor_rollout_ref.rollout.name
+    if a.staleness and name != "jax":
+        raise ConfigError(f"async_training.staleness={a.staleness} needs actor_rollout_ref.rollout.name='jax' (the "
+                          f"embedded sampler); got {name!r}. Use rollout.name=jax or async_training.staleness=0")
 
 
 # ------------------------------------------------------------------------------ device mesh

@@ -626,6 +626,23 @@ class CustomRewardFunctionConfig:
     reward_kwargs: dict[str, Any] = field(default_factory=dict)  # extra keyword arguments for every call
 
 
+# ---------------------------------------------------------------------------- async training
+@dataclass
+class AsyncTrainingConfig:
+    """``async_training.*``: generation ahead of training (verl's one-step-off-policy and fully-async recipes).
+
+    ``staleness`` k >= 1 turns the pipeline on (:mod:`jaxrl.async_rollout`): while the trainer updates on step b's
+    batch, the rollout engine generates the batch of step b + k with the weights of step b - 1 (version b - 1: the
+    updates applied so far), so every trained batch is at most k policy versions old (verl's one-step-off-policy
+    is k = 1). Each row carries the version that generated it (``RLBatch.policy_version``); the actor's PPO ratio is
+    against its recomputed log-probs and ``actor_rollout_ref.actor.tis_imp_ratio_cap`` corrects for the rollout
+    policy (verl's rollout correction). 0 = synchronous (every batch from the current weights).
+    """
+
+    staleness: int = 0  # jaxrl: the most policy versions a trained batch may lag the trainer; 0 = synchronous
+    partial_rollout: bool = False  # verl: continue unfinished responses under new weights; only False is valid here
+
+
 # ------------------------------------------------------------------------------- top level
 @dataclass
 class JaxRLConfig:
@@ -638,6 +655,7 @@ class JaxRLConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)  # loop, cadence, logging
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)  # reward scoring
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)  # generation ahead of training
 
 
 # ------------------------------------------------------------------------- key inventory

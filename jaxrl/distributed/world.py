@@ -176,7 +176,8 @@ def check_world(cfg, spec: WorldSpec, *, num_processes: int | None = None,
       the mesh checks use the real device count, as before); a train mesh (``trainer.mesh``) must be set (without
       one every role would run on one local device per process); ``trainer.placement=split`` is refused (multi-
       controller JAX refuses a cross-host reshard between different device sets, which the split weight sync
-      needs); the vLLM engine is refused (its weight sync puts whole tensors on one device of process 0).
+      needs); the vLLM engine is refused (its weight sync puts whole tensors on one device of process 0); the
+      asynchronous pipeline (``async_training.staleness`` > 0) is refused.
 
     Raises:
       ConfigError: one line naming the keys, the values and the fix.
@@ -216,3 +217,9 @@ def check_world(cfg, spec: WorldSpec, *, num_processes: int | None = None,
         raise ConfigError(
             f"actor_rollout_ref.rollout.name='jetstream' is not supported with {who} yet (its continuous-batching "
             "host loop has not been run across processes); use rollout.name=jax (the embedded sampler)")
+    staleness = getattr(getattr(cfg, "async_training", None), "staleness", 0)
+    if staleness:
+        raise ConfigError(
+            f"async_training.staleness={staleness} is not supported with {who}: generation runs on a thread of its "
+            "own, and every process would have to agree on each collective's order between the two threads; use "
+            "async_training.staleness=0 (synchronous), or one process")

@@ -1,0 +1,276 @@
+"""Generation ahead of training: the bounded-staleness rollout pipeline (``async_training.staleness`` = k >= 1).
+
+Version u names the actor's weights after training step u (u = 0: the initial weights). The batch that step b trains
+on (its *index* b) is generated with version ``v(b) = max(0, b - 1 - k)``, so it is at most k versions older than the
+weights the step updates (verl's one-step-off-policy recipe is k = 1; AReaL and verl's fully-async trainer bound
+staleness the same way). One generation runs at a time, on a thread of its own, while the trainer works::
+
+    start (engine at version u)   batches u+1 .. u+k generated now (a fresh start; a resume has them saved), then
+                                  batch u+k+1 launched on the generation thread with version u
+    step b (trainer)              take batch b (ready) -> old_log_prob -> ... -> update_actor   | thread: batch b+k
+    end of step b (advance)       wait for the thread (timing_s/wait_prev_gen: the only wait), version b -> engine,
+                                  launch batch b+k+1 with version b
+
+Exactness. A batch depends only on its weights' version, its prompts (the data iterator's position) and its seed (the
+step index: the sampler seeds every row from it), never on thread timing. A checkpoint after step u holds the k
+finished batches u+1 .. u+k (arrays, metrics, timings, version tags) and the data position before batch u+k+1's
+prompts; batch u+k+1 is generated again after a resume, from the checkpoint's weights, which are the version it was
+launched with. So a run killed at any moment and resumed logs what the uninterrupted run logs.
+
+The trainer hands in what to do (``produce``: phases gen + reward for a step index; ``sync_weights``: the actor's
+current weights into the engine); this module only orders the calls and keeps the buffer (no jax here).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from jaxrl.batch import RLBatch
+
+__all__ = ["AsyncRollout", "ReadyBatch", "batch_from_json", "batch_to_json"]
+
+
+@dataclasses.dataclass
+class ReadyBatch:
+    """A generated and scored batch waiting for its training step.
+
+    Attributes:
+      index: the training step that consumes it (1-based).
+      version: the policy version of the weights that generated it (``batch.policy_version`` holds it per row).
+      batch: the rows after phases gen + reward (``token_level_scores`` set).
+      metrics: the round's metrics (``reward/*``, DAPO's counts, ...).
+      timings: seconds of the round's phases (``gen``, ``reward``, ...).
+      epoch: the data epoch its prompts came from.
+      started, finished: ``time.perf_counter()`` when its generation began and ended (not saved).
+    """
+
+    index: int
+    version: int
+    batch: RLBatch
+    metrics: dict
+    timings: dict
+    epoch: int
+    started: float = 0.0
+    finished: float = 0.0
+
+
+# A step index -> (batch, metrics, timings, epoch): phases gen + reward for that step (jaxrl.trainer supplies it).
+Produce = Callable[[int], "tuple[RLBatch, dict, dict, int]"]
+
+
+class AsyncRollout:
+    """The pipeline between the rollout engine and the trainer (see the module docstring for the schedule).
+
+    Args:
+      staleness: k >= 1, the most versions a trained batch may lag.
+      total_steps: the run's last step; no batch beyond it is generated.
+      produce: generates and scores the batch of a step index; called on the generation thread, the only caller of the
+        rollout engine and the data iterator while a generation is in flight.
+      sync_weights: puts the actor's current weights into the engine (called only while the engine is idle); returns
+        the bytes moved.
+      data: the prompt pipeline (``get_state`` / ``set_state``); read only while no generation is in flight.
+
+    Raises:
+      ValueError: ``staleness`` < 1.
+    """
+
+    def __init__(self, *, staleness: int, total_steps: int, produce: Produce, sync_weights: Callable[[], int],
+                 data: Any):
+        if int(staleness) < 1:
+            raise ValueError(f"staleness={staleness!r}; the pipeline needs k >= 1 (0 is the synchronous trainer)")
+        self.k = int(staleness)
+        self.total = int(total_steps)
+        self._produce = produce
+        self._sync_weights = sync_weights
+        self._data = data
+        self._ready: dict[int, ReadyBatch] = {}
+        self._data_before: dict[int, dict] = {}  # index -> the data position before its prompts were drawn
+        self._next_index = 1  # the next batch to generate
+        self._version: int | None = None  # the engine's weights; None until start()
+        self._thread: threading.Thread | None = None
+        self._inflight: tuple[int, int] | None = None  # (index, version) on the thread
+        self._outcome: ReadyBatch | BaseException | None = None
+        self._step_started = 0.0
+
+    # -- the schedule ---------------------------------------------------------------------------------------------
+
+    @property
+    def started(self) -> bool:
+        return self._version is not None
+
+    def start(self, version: int) -> None:
+        """Begin with the engine holding ``version`` (the steps trained so far): generate the batches up to
+        ``version + k`` that the buffer lacks (a fresh start: 1 .. k), then launch ``version + k + 1``."""
+        self._version = int(version)
+        self._next_index = max(self._next_index, self._version + 1)
+        while self._next_index <= min(self._version + self.k, self.total):
+            index = self._next_index
+            self._data_before[index] = self._data.get_state()
+            self._ready[index] = self._generate(index, self._version)
+            self._next_index += 1
+        self._launch()
+
+    def take(self, index: int) -> ReadyBatch:
+        """The batch of step ``index`` (ready by the schedule; waits if its generation is still running).
+
+        Raises:
+          RuntimeError: the schedule never generated it (a bug).
+          whatever the generation raised (e.g. ``RewardError``).
+        """
+        self._step_started = time.perf_counter()
+        if index not in self._ready and self._inflight is not None and self._inflight[0] == index:
+            self._wait()
+        if index not in self._ready:
+            raise RuntimeError(f"async rollout: batch {index} was not generated (buffer {sorted(self._ready)}, "
+                               f"in flight {self._inflight})")
+        self._data_before.pop(index, None)
+        return self._ready.pop(index)
+
+    def advance(self, version: int, sync: bool) -> dict[str, float]:
+        """End of step ``version``: wait for the generation in flight, give the engine the weights of ``version``
+        (``sync``: the actor changed this step), launch the next batch.
+
+        Returns:
+          the step's ``sync/bytes`` (moved by the sync; 0 without one), ``timing_s/wait_prev_gen`` (seconds waited for
+          the generation in flight: the pipeline's only wait) and ``timing_s/gen_overlap`` (seconds that generation ran
+          while the trainer worked on this step, from :meth:`take` to this call).
+        """
+        busy_until = time.perf_counter()
+        waited = self._wait()
+        done = self._ready.get(self._next_index - 1)
+        overlap = 0.0
+        if done is not None and done.finished >= self._step_started:
+            overlap = max(0.0, min(done.finished, busy_until) - max(done.started, self._step_started))
+        moved = int(self._sync_weights()) if sync else 0
+        self._version = int(version)
+        self._launch()
+        return {"sync/bytes": moved, "timing_s/wait_prev_gen": waited, "timing_s/gen_overlap": overlap}
+
+    @staticmethod
+    def staleness_metrics(ready: ReadyBatch, trained_version: int) -> dict[str, float]:
+        """``async/staleness/{mean,max}``: ``trained_version`` (the weights the step starts from) minus the rows'
+        versions, i.e. how many updates older the generating weights were; ``async/version``: ``trained_version``."""
+        lag = trained_version - ready.batch.policy_version.astype(np.int64)
+        return {"async/staleness/mean": float(lag.mean()), "async/staleness/max": float(lag.max()),
+                "async/version": float(trained_version)}
+
+    def wait_idle(self) -> None:
+        """Let the generation in flight finish (its batch stays buffered): before anything else uses the engine
+        (validation)."""
+        self._wait()
+
+    def close(self) -> None:
+        """Wait for the generation thread to end, discarding its outcome (the run is ending)."""
+        if self._thread is not None:
+            self._thread.join()
+        self._thread, self._inflight, self._outcome = None, None, None
+
+    # -- checkpoint state -----------------------------------------------------------------------------------------
+
+    def state(self) -> dict:
+        """JSON state for the checkpoint after step ``version``: the finished batches up to ``version + k`` (later
+        ones are generated again after a resume) and ``data_state``, the data position before the first batch not
+        saved (:class:`jaxrl.run_checkpoint.RunCheckpoints` stores it as the run's data position)."""
+        if self._version is None:
+            raise RuntimeError("async rollout: state() before start()")
+        cut = self._version + self.k + 1
+        saved = [self._ready[i] for i in sorted(self._ready) if i < cut]
+        if cut in self._data_before:
+            data_state = self._data_before[cut]
+        else:  # nothing launched at or past the cut (the run's last steps): the iterator is idle
+            self._wait()
+            data_state = self._data.get_state()
+        return {"staleness": self.k, "version": self._version, "next_index": min(cut, self._next_index),
+                "data_state": data_state, "buffer": [_ready_to_json(r) for r in saved]}
+
+    def load_state(self, state: dict) -> None:
+        """Restore :meth:`state` (before :meth:`start`; the data position is restored by the checkpoint itself).
+
+        Raises:
+          ValueError: the state was saved with another staleness.
+        """
+        if int(state["staleness"]) != self.k:
+            raise ValueError(f"the checkpoint's async_training.staleness={state['staleness']} differs from this run's "
+                             f"{self.k}")
+        self._ready = {r.index: r for r in (_ready_from_json(x) for x in state["buffer"])}
+        self._next_index = int(state["next_index"])
+
+    # -- the thread -----------------------------------------------------------------------------------------------
+
+    def _generate(self, index: int, version: int) -> ReadyBatch:
+        started = time.perf_counter()
+        batch, metrics, timings, epoch = self._produce(index)
+        batch.policy_version = np.full(batch.size, version, np.int32)
+        return ReadyBatch(index=index, version=version, batch=batch, metrics=dict(metrics), timings=dict(timings),
+                          epoch=int(epoch), started=started, finished=time.perf_counter())
+
+    def _launch(self) -> None:
+        """Start generating batch ``next_index`` with the engine's version, if the run still needs it."""
+        index = self._next_index
+        if index > self.total or self._thread is not None:
+            return
+        self._data_before[index] = self._data.get_state()
+        self._inflight, self._outcome = (index, self._version), None
+        self._next_index += 1
+
+        def work(index=index, version=self._version):
+            try:
+                self._outcome = self._generate(index, version)
+            except BaseException as e:  # noqa: BLE001 - re-raised on the trainer's thread by _wait
+                self._outcome = e
+
+        self._thread = threading.Thread(target=work, name=f"jaxrl-rollout-{index}", daemon=True)
+        self._thread.start()
+
+    def _wait(self) -> float:
+        """Join the generation in flight (if any), buffer its batch; returns the seconds waited. Re-raises its
+        error."""
+        if self._thread is None:
+            return 0.0
+        t0 = time.perf_counter()
+        self._thread.join()
+        waited = time.perf_counter() - t0
+        outcome, self._thread, self._inflight, self._outcome = self._outcome, None, None, None
+        if isinstance(outcome, BaseException):
+            raise outcome
+        self._ready[outcome.index] = outcome
+        return waited
+
+
+# -- JSON encoding of buffered batches (exact: raw bytes, base64) ------------------------------------------------
+
+def batch_to_json(batch: RLBatch) -> dict:
+    """An :class:`RLBatch` as JSON: every set field's dtype, shape and raw bytes (base64), so it round-trips bit for
+    bit."""
+    out = {}
+    for f in dataclasses.fields(RLBatch):
+        v = getattr(batch, f.name)
+        if v is not None:
+            a = np.ascontiguousarray(v)
+            out[f.name] = {"dtype": a.dtype.str, "shape": list(a.shape),
+                           "data": base64.b64encode(a.tobytes()).decode("ascii")}
+    return out
+
+
+def batch_from_json(d: dict) -> RLBatch:
+    """The inverse of :func:`batch_to_json`."""
+    arrays = {name: np.frombuffer(base64.b64decode(x["data"]), dtype=np.dtype(x["dtype"])).reshape(x["shape"]).copy()
+              for name, x in d.items()}
+    return RLBatch(**arrays)
+
+
+def _ready_to_json(r: ReadyBatch) -> dict:
+    return {"index": r.index, "version": r.version, "epoch": r.epoch, "batch": batch_to_json(r.batch),
+            "metrics": {k: float(v) for k, v in r.metrics.items()},
+            "timings": {k: float(v) for k, v in r.timings.items()}}
+
+
+def _ready_from_json(d: dict) -> ReadyBatch:
+    return ReadyBatch(index=int(d["index"]), version=int(d["version"]), batch=batch_from_json(d["batch"]),
+                      metrics=dict(d["metrics"]), timings=dict(d["timings"]), epoch=int(d["epoch"]))
