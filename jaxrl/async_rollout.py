@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import logging
 import threading
 import time
 from typing import Any, Callable
@@ -32,6 +33,8 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxrl.batch import RLBatch
+
+log = logging.getLogger("jaxrl")
 
 __all__ = ["AsyncRollout", "ReadyBatch", "batch_from_json", "batch_to_json"]
 
@@ -109,6 +112,8 @@ class AsyncRollout:
         ``version + k`` that the buffer lacks (a fresh start: 1 .. k), then launch ``version + k + 1``."""
         self._version = int(version)
         self._next_index = max(self._next_index, self._version + 1)
+        log.info("async rollout (staleness %d): batches %s ready from the checkpoint, generating from batch %d with the "
+                 "weights of step %d", self.k, sorted(self._ready), self._next_index, self._version)
         while self._next_index <= min(self._version + self.k, self.total):
             index = self._next_index
             self._data_before[index] = self._data.get_state()

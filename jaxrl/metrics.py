@@ -119,7 +119,11 @@ def rollout_mismatch_metrics(batch, entropy: np.ndarray) -> dict[str, float]:
     ``entropy`` ``[N, R]`` the old-log-prob pass's token entropy (nats).
 
     ``training/rollout_probs_diff_{mean,max}`` = |p_trainer - p_rollout| over valid tokens; nonzero gaps come
-    from numerics (bf16 kernels, another engine). ``actor/entropy_old`` is the pre-update token entropy (token
+    from numerics (bf16 kernels, another engine) or, with the async pipeline, from older weights. The importance
+    ratio of the trainer's policy to the rollout's, ``pi_old / pi_rollout`` per valid token (what
+    ``actor.tis_imp_ratio_cap`` truncates), is summarised as verl's rollout-correction metrics
+    ``rollout_corr/rollout_is_{mean,max,min}`` and ``rollout_corr/kl`` (the k1 estimate of KL(rollout || trainer),
+    token mean of ``log pi_rollout - log pi_old``). ``actor/entropy_old`` is the pre-update token entropy (token
     mean); it is also ``actor/entropy`` unless the update computes its own (``entropy_coeff != 0``), as verl
     logs the old-log-prob pass's entropy.
     """
@@ -127,10 +131,16 @@ def rollout_mismatch_metrics(batch, entropy: np.ndarray) -> dict[str, float]:
     if not mask.any():
         return {"training/rollout_probs_diff_mean": 0.0, "training/rollout_probs_diff_max": 0.0, "actor/entropy": 0.0}
     gap = np.abs(np.exp(batch.old_log_probs) - np.exp(batch.rollout_log_probs))[mask]
+    log_ratio = (batch.old_log_probs.astype(np.float64) - batch.rollout_log_probs.astype(np.float64))[mask]
+    ratio = np.exp(log_ratio)
     token_entropy = float(entropy[mask].mean())
     return {
         "training/rollout_probs_diff_mean": float(gap.mean()),
         "training/rollout_probs_diff_max": float(gap.max()),
+        "rollout_corr/rollout_is_mean": float(ratio.mean()),
+        "rollout_corr/rollout_is_max": float(ratio.max()),
+        "rollout_corr/rollout_is_min": float(ratio.min()),
+        "rollout_corr/kl": float(-log_ratio.mean()),
         "actor/entropy_old": token_entropy,
         "actor/entropy": token_entropy,
     }

@@ -110,3 +110,22 @@ def test_memory_metrics_report_process_rss_and_device_peaks():
     m = memory_metrics(devs)
     assert m["perf/max_memory_allocated_gb"] == 4.0
     assert m["perf/max_memory_reserved_gb"] == 70.0  # the max over devices (the second reports only its limit)
+
+
+def test_rollout_correction_metrics_summarise_the_importance_ratio_over_valid_tokens():
+    from jaxrl.batch import RLBatch
+    from jaxrl.metrics import rollout_mismatch_metrics
+
+    old = np.log(np.array([[0.5, 0.2, 0.9], [0.3, 0.6, 0.1]], np.float32))
+    rollout = np.log(np.array([[0.25, 0.4, 0.9], [0.3, 0.2, 0.7]], np.float32))
+    mask = np.array([[1, 1, 1], [1, 1, 0]], np.int32)  # the last token of row 2 is padding (ratio 1/7 ignored)
+    batch = RLBatch(prompt_ids=np.zeros((2, 1), np.int32), prompt_mask=np.ones((2, 1), np.int32),
+                    response_ids=np.zeros((2, 3), np.int32), response_mask=mask, group_ids=np.zeros(2, np.int32),
+                    rollout_log_probs=rollout, old_log_probs=old)
+    m = rollout_mismatch_metrics(batch, entropy=np.ones((2, 3), np.float32))
+    ratios = np.array([2.0, 0.5, 1.0, 1.0, 3.0])
+    assert m["rollout_corr/rollout_is_mean"] == pytest.approx(ratios.mean(), rel=1e-6)
+    assert m["rollout_corr/rollout_is_max"] == pytest.approx(3.0, rel=1e-6)
+    assert m["rollout_corr/rollout_is_min"] == pytest.approx(0.5, rel=1e-6)
+    assert m["rollout_corr/kl"] == pytest.approx(-np.log(ratios).mean(), rel=1e-5)
+    assert m["training/rollout_probs_diff_max"] == pytest.approx(0.4, rel=1e-5)
