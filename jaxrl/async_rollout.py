@@ -67,38 +67,65 @@ class ReadyBatch:
 Produce = Callable[[int], "tuple[RLBatch, dict, dict, int]"]
 
 
+class WholeBatches:
+    """The pipeline's generation without partial rollouts: a unit of work generates one whole batch with one version of
+    the weights (``produce``: phases gen + reward of a step index)."""
+
+    pending = False  # nothing stays between units
+
+    def __init__(self, produce: Produce):
+        self._produce = produce
+
+    def work(self, index: int | None, version: int) -> list[ReadyBatch]:
+        if index is None:
+            return []
+        started = time.perf_counter()
+        batch, metrics, timings, epoch = self._produce(index)
+        batch.policy_version = np.full(batch.response_ids.shape, version, np.int32)
+        return [ReadyBatch(index=index, version=version, batch=batch, metrics=dict(metrics), timings=dict(timings),
+                           epoch=int(epoch), started=started, finished=time.perf_counter())]
+
+    def state(self) -> list:
+        return []
+
+    def load_state(self, state: list) -> None:
+        if state:
+            raise ValueError("the checkpoint holds partial rollouts but async_training.partial_rollout is off")
+
+
 class AsyncRollout:
     """The pipeline between the rollout engine and the trainer (see the module docstring for the schedule).
 
     Args:
       staleness: k >= 1, the most versions a trained batch may lag.
-      total_steps: the run's last step; no batch beyond it is generated.
-      produce: generates and scores the batch of a step index; called on the generation thread, the only caller of the
-        rollout engine and the data iterator while a generation is in flight.
+      total_steps: the run's last step; no batch beyond it is begun.
+      generator: one step's generation, ``work(index | None, version) -> [ReadyBatch]`` (begin batch ``index`` and
+        return the batches that finished), with ``pending`` (batches left unfinished between units) and
+        ``state()`` / ``load_state()``: :class:`WholeBatches`, or :class:`jaxrl.partial_rollout.StagedRollout`. Its
+        ``work`` runs on the generation thread, the only user of the rollout engine and the data iterator meanwhile.
       sync_weights: puts the actor's current weights into the engine (called only while the engine is idle); returns
         the bytes moved.
-      data: the prompt pipeline (``get_state`` / ``set_state``); read only while no generation is in flight.
+      data: the prompt pipeline (``get_state``); read only while no generation is in flight.
 
     Raises:
       ValueError: ``staleness`` < 1.
     """
 
-    def __init__(self, *, staleness: int, total_steps: int, produce: Produce, sync_weights: Callable[[], int],
+    def __init__(self, *, staleness: int, total_steps: int, generator: Any, sync_weights: Callable[[], int],
                  data: Any):
         if int(staleness) < 1:
             raise ValueError(f"staleness={staleness!r}; the pipeline needs k >= 1 (0 is the synchronous trainer)")
         self.k = int(staleness)
         self.total = int(total_steps)
-        self._produce = produce
+        self._gen = generator
         self._sync_weights = sync_weights
         self._data = data
         self._ready: dict[int, ReadyBatch] = {}
-        self._data_before: dict[int, dict] = {}  # index -> the data position before its prompts were drawn
-        self._next_index = 1  # the next batch to generate
+        self._next_index = 1  # the next batch to begin
         self._version: int | None = None  # the engine's weights; None until start()
         self._thread: threading.Thread | None = None
-        self._inflight: tuple[int, int] | None = None  # (index, version) on the thread
-        self._outcome: ReadyBatch | BaseException | None = None
+        self._outcome: list[ReadyBatch] | BaseException | None = None
+        self._snapshot: dict | None = None  # the state before the last launch (what a checkpoint holds)
         self._step_started = 0.0
 
     # -- the schedule ---------------------------------------------------------------------------------------------
@@ -108,38 +135,36 @@ class AsyncRollout:
         return self._version is not None
 
     def start(self, version: int) -> None:
-        """Begin with the engine holding ``version`` (the steps trained so far): generate the batches up to
-        ``version + k`` that the buffer lacks (a fresh start: 1 .. k), then launch ``version + k + 1``."""
+        """Begin with the engine holding ``version`` (the steps trained so far): run the units of work that bring the
+        buffer to the state after step ``version`` (a fresh start: the k units that begin batches 1 .. k; a resume:
+        none, the checkpoint had them), then launch the next unit on the generation thread."""
         self._version = int(version)
         self._next_index = max(self._next_index, self._version + 1)
         log.info("async rollout (staleness %d): batches %s ready from the checkpoint, generating from batch %d with the "
                  "weights of step %d", self.k, sorted(self._ready), self._next_index, self._version)
         while self._next_index <= min(self._version + self.k, self.total):
             index = self._next_index
-            self._data_before[index] = self._data.get_state()
-            self._ready[index] = self._generate(index, self._version)
             self._next_index += 1
+            self._add(self._gen.work(index, self._version))
         self._launch()
 
     def take(self, index: int) -> ReadyBatch:
-        """The batch of step ``index`` (ready by the schedule; waits if its generation is still running).
+        """The batch of step ``index`` (ready by the schedule; waits if the unit finishing it is still running).
 
         Raises:
           RuntimeError: the schedule never generated it (a bug).
           whatever the generation raised (e.g. ``RewardError``).
         """
         self._step_started = time.perf_counter()
-        if index not in self._ready and self._inflight is not None and self._inflight[0] == index:
+        if index not in self._ready:
             self._wait()
         if index not in self._ready:
-            raise RuntimeError(f"async rollout: batch {index} was not generated (buffer {sorted(self._ready)}, "
-                               f"in flight {self._inflight})")
-        self._data_before.pop(index, None)
+            raise RuntimeError(f"async rollout: batch {index} was not generated (buffer {sorted(self._ready)})")
         return self._ready.pop(index)
 
     def advance(self, version: int, sync: bool) -> dict[str, float]:
         """End of step ``version``: wait for the generation in flight, give the engine the weights of ``version``
-        (``sync``: the actor changed this step), launch the next batch.
+        (``sync``: the actor changed this step), launch the next unit.
 
         Returns:
           the step's ``sync/bytes`` (moved by the sync; 0 without one), ``timing_s/wait_prev_gen`` (seconds waited for
@@ -148,10 +173,10 @@ class AsyncRollout:
         """
         busy_until = time.perf_counter()
         waited = self._wait()
-        done = self._ready.get(self._next_index - 1)
+        started, finished = self._unit_span  # of the unit that ran during this step (launched at the last advance)
         overlap = 0.0
-        if done is not None and done.finished >= self._step_started:
-            overlap = max(0.0, min(done.finished, busy_until) - max(done.started, self._step_started))
+        if started is not None and finished is not None and finished >= self._step_started:
+            overlap = max(0.0, min(finished, busy_until) - max(started, self._step_started))
         moved = int(self._sync_weights()) if sync else 0
         self._version = int(version)
         self._launch()
@@ -159,14 +184,18 @@ class AsyncRollout:
 
     @staticmethod
     def staleness_metrics(ready: ReadyBatch, trained_version: int) -> dict[str, float]:
-        """``async/staleness/{mean,max}``: ``trained_version`` (the weights the step starts from) minus the rows'
-        versions, i.e. how many updates older the generating weights were; ``async/version``: ``trained_version``."""
-        lag = trained_version - ready.batch.policy_version.astype(np.int64)
+        """``async/staleness/{mean,max}``: ``trained_version`` (the weights the step starts from) minus the version of
+        each generated token (valid tokens; every token of a row shares it without partial rollouts), i.e. how many
+        updates older the generating weights were; ``async/version``: ``trained_version``."""
+        b = ready.batch
+        mask = b.response_mask.astype(bool)
+        versions = b.policy_version[mask] if mask.any() else b.policy_version.reshape(-1)
+        lag = trained_version - versions.astype(np.int64)
         return {"async/staleness/mean": float(lag.mean()), "async/staleness/max": float(lag.max()),
                 "async/version": float(trained_version)}
 
     def wait_idle(self) -> None:
-        """Let the generation in flight finish (its batch stays buffered): before anything else uses the engine
+        """Let the generation in flight finish (its batches stay buffered): before anything else uses the engine
         (validation)."""
         self._wait()
 
@@ -174,77 +203,81 @@ class AsyncRollout:
         """Wait for the generation thread to end, discarding its outcome (the run is ending)."""
         if self._thread is not None:
             self._thread.join()
-        self._thread, self._inflight, self._outcome = None, None, None
+        self._thread, self._outcome = None, None
 
     # -- checkpoint state -----------------------------------------------------------------------------------------
 
     def state(self) -> dict:
-        """JSON state for the checkpoint after step ``version``: the finished batches up to ``version + k`` (later
-        ones are generated again after a resume) and ``data_state``, the data position before the first batch not
-        saved (:class:`jaxrl.run_checkpoint.RunCheckpoints` stores it as the run's data position)."""
-        if self._version is None:
+        """JSON state for the checkpoint after step ``version``: the pipeline as it was before the unit of work launched
+        at the end of that step (which a resume runs again, with the same weights): the finished batches, the batches
+        in flight between stages (partial rollouts), the next index and ``data_state``, the data position then
+        (:class:`jaxrl.run_checkpoint.RunCheckpoints` stores it as the run's data position)."""
+        if self._snapshot is None:
             raise RuntimeError("async rollout: state() before start()")
-        cut = self._version + self.k + 1
-        saved = [self._ready[i] for i in sorted(self._ready) if i < cut]
-        if cut in self._data_before:
-            data_state = self._data_before[cut]
-        else:  # nothing launched at or past the cut (the run's last steps): the iterator is idle
-            self._wait()
-            data_state = self._data.get_state()
-        return {"staleness": self.k, "version": self._version, "next_index": min(cut, self._next_index),
-                "data_state": data_state, "buffer": [_ready_to_json(r) for r in saved]}
+        snap = self._snapshot
+        saved = [snap["ready"][i] for i in sorted(snap["ready"])]
+        return {"staleness": self.k, "version": self._version, "next_index": snap["next_index"],
+                "data_state": snap["data_state"], "buffer": [_ready_to_json(r) for r in saved],
+                "in_flight": snap["in_flight"]}
 
     def load_state(self, state: dict) -> None:
         """Restore :meth:`state` (before :meth:`start`; the data position is restored by the checkpoint itself).
 
         Raises:
-          ValueError: the state was saved with another staleness.
+          ValueError: the state was saved with another staleness, or with partial rollouts and this run has none.
         """
         if int(state["staleness"]) != self.k:
             raise ValueError(f"the checkpoint's async_training.staleness={state['staleness']} differs from this run's "
                              f"{self.k}")
         self._ready = {r.index: r for r in (_ready_from_json(x) for x in state["buffer"])}
+        self._gen.load_state(state.get("in_flight", []))
         self._next_index = int(state["next_index"])
 
     # -- the thread -----------------------------------------------------------------------------------------------
 
-    def _generate(self, index: int, version: int) -> ReadyBatch:
-        started = time.perf_counter()
-        batch, metrics, timings, epoch = self._produce(index)
-        batch.policy_version = np.full(batch.size, version, np.int32)
-        return ReadyBatch(index=index, version=version, batch=batch, metrics=dict(metrics), timings=dict(timings),
-                          epoch=int(epoch), started=started, finished=time.perf_counter())
+    _unit_span: tuple = (None, None)  # perf_counter start / end of the unit launched last (end None while it runs)
+    _unit_done: float | None = None
+
+    def _add(self, batches: list[ReadyBatch]) -> None:
+        for r in batches:
+            self._ready[r.index] = r
 
     def _launch(self) -> None:
-        """Start generating batch ``next_index`` with the engine's version, if the run still needs it."""
-        index = self._next_index
-        if index > self.total or self._thread is not None:
+        """Snapshot the state (for a checkpoint), then start the next unit of work with the engine's version: it
+        begins batch ``next_index`` if the run still needs it and advances the batches in flight."""
+        self._snapshot = {"ready": dict(self._ready), "next_index": self._next_index,
+                          "data_state": self._data.get_state(), "in_flight": self._gen.state()}
+        index = self._next_index if self._next_index <= self.total else None
+        if index is None and not self._gen.pending:
+            self._unit_span = (None, None)
             return
-        self._data_before[index] = self._data.get_state()
-        self._inflight, self._outcome = (index, self._version), None
-        self._next_index += 1
+        if index is not None:
+            self._next_index += 1
+        self._outcome = None
+        self._unit_span = (time.perf_counter(), None)
 
         def work(index=index, version=self._version):
             try:
-                self._outcome = self._generate(index, version)
+                self._outcome = self._gen.work(index, version)
             except BaseException as e:  # noqa: BLE001 - re-raised on the trainer's thread by _wait
                 self._outcome = e
+            self._unit_done = time.perf_counter()
 
         self._thread = threading.Thread(target=work, name=f"jaxrl-rollout-{index}", daemon=True)
         self._thread.start()
 
     def _wait(self) -> float:
-        """Join the generation in flight (if any), buffer its batch; returns the seconds waited. Re-raises its
-        error."""
+        """Join the unit in flight (if any), buffer its batches; returns the seconds waited. Re-raises its error."""
         if self._thread is None:
             return 0.0
         t0 = time.perf_counter()
         self._thread.join()
         waited = time.perf_counter() - t0
-        outcome, self._thread, self._inflight, self._outcome = self._outcome, None, None, None
+        outcome, self._thread, self._outcome = self._outcome, None, None
+        self._unit_span = (self._unit_span[0], self._unit_done)
         if isinstance(outcome, BaseException):
             raise outcome
-        self._ready[outcome.index] = outcome
+        self._add(outcome)
         return waited
 
 

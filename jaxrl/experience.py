@@ -265,9 +265,10 @@ class ExperienceMaker:
         first_groups = np.unique(batch.group_ids)[:target]
         return batch.select(np.flatnonzero(np.isin(batch.group_ids, first_groups))), metrics
 
-    def generate_and_score(self, prompts, *, seed: int, timings: dict, metrics: dict
+    def generate_and_score(self, prompts, *, seed: int, timings: dict, metrics: dict, output=None
                            ) -> tuple[RLBatch, dict[str, np.ndarray]]:
-        """One round of phases gen + reward for a prompt batch.
+        """One round of phases gen + reward for a prompt batch (``output``: its responses, already generated, e.g.
+        in stages by :mod:`jaxrl.partial_rollout`; then only the reward phase runs).
 
         Returns the batch with ``token_level_scores`` set and the per-response values ``[N]`` dynamic sampling can
         filter on: ``score`` (reward function), ``acc`` (its ``acc`` output, else the score), ``seq_reward``
@@ -275,7 +276,7 @@ class ExperienceMaker:
         """
         with timed("gen", timings):
             sp = sampling_params(self.rollout_cfg, self.max_new_tokens, validation=False, seed=seed)
-            out, env_rewards = self._generate(prompts, sp, metrics)
+            out, env_rewards = self._generate(prompts, sp, metrics) if output is None else (output, None)
         batch = RLBatch(
             prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, response_ids=out.response_ids,
             response_mask=out.response_mask, group_ids=out.prompt_index, rollout_log_probs=out.rollout_log_probs,

@@ -53,10 +53,11 @@ class Trainer(TrainingLoop):
         self.online_dpo = bool(cfg.algorithm.dpo.enable)
         self.pipeline = None  # async_training.staleness > 0: batches generated ahead of training (jaxrl.async_rollout)
         if cfg.async_training.staleness:
-            from jaxrl.async_rollout import AsyncRollout
+            from jaxrl.async_rollout import AsyncRollout, WholeBatches
 
+            generator = self._staged_rollout() if cfg.async_training.partial_rollout else WholeBatches(self._produce)
             self.pipeline = AsyncRollout(staleness=cfg.async_training.staleness, total_steps=c.total_training_steps,
-                                         produce=self._produce, sync_weights=self.sync_rollout, data=c.train_data)
+                                         generator=generator, sync_weights=self.sync_rollout, data=c.train_data)
 
     # -- one RL step -----------------------------------------------------------------------------------------
 
@@ -136,6 +137,33 @@ class Trainer(TrainingLoop):
         c, t = self.c, {}
         batch, metrics = c.experience.make_experience(c.train_data, seed=self._seed(index), timings=t)
         return batch, metrics, t, c.train_data.epoch
+
+    def _staged_rollout(self):
+        """Partial rollouts (``async_training.partial_rollout``): each batch generated in ``staleness`` stages, one
+        per step (:class:`jaxrl.partial_rollout.StagedRollout`), then scored by the experience maker."""
+        import dataclasses
+
+        from jaxrl.partial_rollout import StagedRollout
+
+        c = self.c
+        rc = self.rollout_cfg
+
+        def sampling(index: int, stage: int, max_new_tokens: int, n: int | None):
+            sp = sampling_params(rc, self.max_new_tokens, validation=False, seed=self._seed(index))
+            return dataclasses.replace(sp, max_new_tokens=max_new_tokens, n=sp.n if n is None else n,
+                                       seed=(sp.seed + 7919 * stage) % 2**32)
+
+        def finish(index: int, prompts, output, timings: dict):
+            metrics: dict = {}
+            batch, _ = c.experience.generate_and_score(prompts, seed=self._seed(index), timings=timings,
+                                                       metrics=metrics, output=output)
+            return batch, metrics, prompts.epoch
+
+        eos = () if rc.ignore_eos else tuple(getattr(c.rollout, "eos_token_ids", ()))
+        return StagedRollout(stages=self.c.cfg.async_training.staleness, response_width=self.max_new_tokens,
+                             generate=c.rollout.generate, sampling=sampling, draw=c.train_data.next_batch,
+                             prompts_of=c.train_data.batch_of, finish=finish,
+                             stop_ids=eos + tuple(rc.stop_token_ids or ()))
 
     def _take_ready(self, t: dict) -> tuple[RLBatch, dict, int]:
         """The async pipeline's batch for this step (started on the first step after a start or resume), with its

@@ -4,13 +4,14 @@ resume, learning on a split mesh) are in tests/e2e/test_async_slow.py."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
 import numpy as np
 import pytest
 
-from jaxrl.async_rollout import AsyncRollout, batch_from_json, batch_to_json
+from jaxrl.async_rollout import AsyncRollout, WholeBatches, batch_from_json, batch_to_json
 from jaxrl.batch import RLBatch
 from jaxrl.config import ConfigError, load_config
 
@@ -42,8 +43,8 @@ class FakeRun:
         self.generating = threading.Event()
         self.data = FakeData()
         self.gen_s, self.fail_at = gen_s, fail_at
-        self.pipeline = AsyncRollout(staleness=k, total_steps=total, produce=self.produce, sync_weights=self.sync,
-                                     data=self.data)
+        self.pipeline = AsyncRollout(staleness=k, total_steps=total, generator=WholeBatches(self.produce),
+                                     sync_weights=self.sync, data=self.data)
 
     def produce(self, index: int):
         self.generating.set()
@@ -166,12 +167,14 @@ def test_batches_round_trip_through_json_bit_for_bit():
 
 def test_staleness_zero_is_not_a_pipeline():
     with pytest.raises(ValueError, match="staleness=0"):
-        AsyncRollout(staleness=0, total_steps=3, produce=None, sync_weights=None, data=None)
+        AsyncRollout(staleness=0, total_steps=3, generator=None, sync_weights=None, data=None)
 
 
 @pytest.mark.parametrize("overrides, message", [
     (["async_training.staleness=-1"], "async_training.staleness=-1 is invalid"),
-    (["async_training.partial_rollout=true"], "async_training.partial_rollout=True is not supported"),
+    (["async_training.partial_rollout=true", "async_training.staleness=1"], "needs staleness >= 2"),
+    (["async_training.partial_rollout=true", "async_training.staleness=2", "algorithm.filter_groups.enable=true"],
+     "does not combine with algorithm.filter_groups.enable=True"),
     (["async_training.staleness=1", "actor_rollout_ref.rollout.name=jetstream"], "needs actor_rollout_ref.rollout.name"),
     (["async_training.trigger_parameter_sync_step=4"], "only 1 is valid"),
 ])
@@ -186,3 +189,147 @@ def test_verl_fully_async_keys_are_accepted_with_a_note():
                                                   "async_training.staleness_threshold=0.1",
                                                   "async_training.use_rollout_log_probs=true"])
     assert cfg.async_training.staleness == 2
+
+
+# -- partial rollouts (jaxrl.partial_rollout) ------------------------------------------------------------------------
+
+class FakeEngine:
+    """Generates token ``100 * version + position`` at each position (the response's length so far counted from the
+    prompt's end), so a test can read which weights made each token; rows listed in ``stop_at`` emit the stop token
+    (7) once their response reaches that many tokens. Records every call's prompts."""
+
+    STOP = 7
+
+    def __init__(self, prompt_len: int, stop_at: dict[int, int]):
+        self.version, self.prompt_len, self.stop_at, self.calls = 0, prompt_len, stop_at, []
+
+    def generate(self, prompts, sp):
+        from jaxrl.rollout.base import RolloutOutput
+
+        self.calls.append([list(p) for p in prompts])
+        rows = [p for p in prompts for _ in range(sp.n)]
+        n, r = len(rows), sp.max_new_tokens
+        ids, mask = np.zeros((n, r), np.int32), np.zeros((n, r), np.int32)
+        for i, p in enumerate(rows):
+            row, done = p[0], len(p) - self.prompt_len  # the first prompt token names the row; tokens so far
+            for j in range(r):
+                pos = done + j
+                tok = self.STOP if self.stop_at.get(row) == pos + 1 else 100 * self.version + 10 + pos
+                ids[i, j], mask[i, j] = tok, 1
+                if tok == self.STOP:
+                    break
+        return RolloutOutput(prompt_ids=np.zeros((n, 1), np.int32), prompt_mask=np.ones((n, 1), np.int32),
+                             response_ids=ids, response_mask=mask, rollout_log_probs=-mask.astype(np.float32) * 0.5,
+                             prompt_index=np.repeat(np.arange(len(prompts), dtype=np.int32), sp.n))
+
+
+class FakePrompts:
+    def __init__(self, rows):
+        self.prompt_ids, self.indices, self.epoch = [[r, 1, 2] for r in rows], list(rows), 0
+
+
+def _staged(engine, k=3, width=7, batches=None):
+    from jaxrl.partial_rollout import StagedRollout
+    from jaxrl.rollout.base import SamplingParams
+
+    batches = batches if batches is not None else iter([[0, 1], [2, 3], [4, 5], [6, 7]])
+
+    def finish(index, prompts, out, timings):
+        b = RLBatch(prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, response_ids=out.response_ids.copy(),
+                    response_mask=out.response_mask.copy(), group_ids=out.prompt_index,
+                    rollout_log_probs=out.rollout_log_probs.copy())
+        return b, {"rows": float(len(prompts.indices))}, 0
+
+    return StagedRollout(
+        stages=k, response_width=width, generate=engine.generate,
+        sampling=lambda index, stage, m, n: SamplingParams(n=1 if n is None else n, max_new_tokens=m, seed=index),
+        draw=lambda: FakePrompts(next(batches)), prompts_of=lambda rows, epoch: FakePrompts(rows), finish=finish,
+        stop_ids=(FakeEngine.STOP,))
+
+
+def test_stage_lengths_cover_the_response():
+    from jaxrl.partial_rollout import stage_lengths
+
+    assert stage_lengths(7, 3) == [3, 3, 1]
+    assert stage_lengths(48, 2) == [24, 24]
+    with pytest.raises(ValueError, match="cannot cut 2 response tokens into 3 stages"):
+        stage_lengths(2, 3)
+
+
+def test_a_partial_rollout_continues_unfinished_rows_under_the_newer_weights():
+    engine = FakeEngine(prompt_len=3, stop_at={1: 2})  # row 1 stops at its 2nd token, inside the first stage
+    staged = _staged(engine)
+    done = []
+    for version in range(3):  # one stage per training step, each with that step's weights
+        engine.version = version
+        done += staged.work(1 if version == 0 else None, version)
+    assert len(done) == 1 and done[0].index == 1
+    b = done[0].batch
+    # row 0: stage 0 (3 tokens, version 0), stage 1 (3 tokens, version 1), stage 2 (1 token, version 2)
+    assert b.response_ids[0].tolist() == [10, 11, 12, 113, 114, 115, 216]
+    assert b.policy_version[0].tolist() == [0, 0, 0, 1, 1, 1, 2]
+    assert b.response_mask[0].tolist() == [1] * 7
+    # row 1 ended at its stop token in stage 0 and took no part in later stages
+    assert b.response_ids[1, :2].tolist() == [10, FakeEngine.STOP] and b.response_mask[1].tolist() == [1, 1] + [0] * 5
+    assert b.policy_version[1].tolist() == [0, 0] + [-1] * 5
+    # stage 1 prompted the engine with row 0's prompt and its response so far, and nothing for row 1
+    assert engine.calls[1] == [[0, 1, 2, 10, 11, 12]]
+    assert engine.calls[2] == [[0, 1, 2, 10, 11, 12, 113, 114, 115]]
+    assert done[0].timings["gen"] > 0 and done[0].metrics == {"rows": 2.0}
+
+
+def test_partial_rollouts_in_the_pipeline_bound_every_token_by_the_staleness():
+    from jaxrl.async_rollout import AsyncRollout
+
+    k, total = 3, 6
+    engine = FakeEngine(prompt_len=3, stop_at={})
+    staged = _staged(engine, k=k, width=7, batches=iter([[2 * i, 2 * i + 1] for i in range(total)]))
+    state = {"actor": 0}
+
+    def sync():
+        engine.version = state["actor"]
+        return 1
+
+    data = FakeData()
+    p = AsyncRollout(staleness=k, total_steps=total, generator=staged, sync_weights=sync, data=data)
+    for b in range(1, total + 1):
+        if not p.started:
+            p.start(b - 1)
+        ready = p.take(b)
+        lag = (b - 1) - ready.batch.policy_version[ready.batch.response_mask.astype(bool)]
+        assert lag.max() <= k and lag.min() >= 1 if b > k else lag.max() <= b - 1, (b, lag)
+        # stage s of batch b ran during step b - k + s with the weights of step b - k + s - 1 (>= 0)
+        expected = [max(0, b - k + s - 1) for s in (0, 0, 0, 1, 1, 1, 2)]
+        assert ready.batch.policy_version[0].tolist() == expected, b
+        state["actor"] = b
+        p.advance(b, sync=True)
+    p.close()
+
+
+def test_partial_rollout_state_resumes_the_batches_in_flight():
+    def run(stop_after=None, resume=None):
+        engine = FakeEngine(prompt_len=3, stop_at={3: 5})
+        batches = iter([[2 * i, 2 * i + 1] for i in range(6)])
+        staged = _staged(engine, k=2, width=7, batches=batches)
+        out = []
+        if resume is not None:
+            staged.load_state(resume["state"])
+            for _ in range(resume["drawn"]):
+                next(batches)
+        for version in range(resume["version"] if resume else 0, 5):
+            engine.version = version
+            index = version + 1 if version + 1 <= 4 else None
+            out += staged.work(index, version)
+            if version == stop_after:
+                return out, {"state": json.loads(json.dumps(staged.state())), "version": version + 1,
+                             "drawn": version + 1}
+        return out, None
+
+    whole, _ = run()
+    first, saved = run(stop_after=1)
+    rest, _ = run(resume=saved)
+    got = first + rest
+    assert [r.index for r in got] == [r.index for r in whole] == [1, 2, 3, 4]
+    for a, b in zip(whole, got):
+        for name in ("response_ids", "response_mask", "rollout_log_probs", "policy_version"):
+            np.testing.assert_array_equal(getattr(a.batch, name), getattr(b.batch, name))

@@ -146,15 +146,32 @@ def _validate_prime(cfg: JaxRLConfig) -> None:
 
 def _validate_async(cfg: JaxRLConfig) -> None:
     """``async_training``: a non-negative ``staleness``; the pipeline runs the embedded sampler only (its thread shares
-    the process's devices with the trainer; vLLM and JetStream keep host loops of their own); no partial rollouts."""
+    the process's devices with the trainer; vLLM and JetStream keep host loops of their own); partial rollouts need
+    staleness >= 2 stages and single-round, single-turn generation."""
     a = cfg.async_training
     if a.staleness < 0:
         raise ConfigError(f"async_training.staleness={a.staleness} is invalid; valid: 0 (synchronous) or k >= 1 (a "
                           "trained batch is at most k policy versions old)")
-    if a.partial_rollout:
-        raise ConfigError("async_training.partial_rollout=True is not supported: a generation round always finishes "
-                          "with the weights it started with (its rows are tagged with that version); set it to False")
     name = cfg.actor_rollout_ref.rollout.name
+    if a.partial_rollout:
+        width = cfg.actor_rollout_ref.rollout.max_new_tokens or cfg.data.max_response_length
+        why = "async_training.partial_rollout=True"
+        if a.staleness < 2:
+            raise ConfigError(f"{why} generates each batch in async_training.staleness stages, one per step; it needs "
+                              f"staleness >= 2 (got {a.staleness}; with 1 a batch is generated within one step)")
+        if width < a.staleness:
+            raise ConfigError(f"{why}: {width} response tokens cannot be cut into async_training.staleness="
+                              f"{a.staleness} stages; valid: staleness <= {width}")
+        refused = [
+            (cfg.algorithm.filter_groups.enable, "algorithm.filter_groups.enable=True (DAPO's rounds are generated "
+             "until the batch is full)"),
+            (cfg.actor_rollout_ref.rollout.multi_turn.enable, "actor_rollout_ref.rollout.multi_turn.enable=True"),
+            (registry.needs_prm(cfg.algorithm.adv_estimator), f"algorithm.adv_estimator="
+             f"{cfg.algorithm.adv_estimator!r} (PRIME oversamples and filters its rounds)"),
+        ]
+        bad = [text for on, text in refused if on]
+        if bad:
+            raise ConfigError(f"{why} does not combine with {'; '.join(bad)}; set those keys off")
     if a.staleness and name != "jax":
         raise ConfigError(f"async_training.staleness={a.staleness} needs actor_rollout_ref.rollout.name='jax' (the "
                           f"embedded sampler); got {name!r}. Use rollout.name=jax or async_training.staleness=0")

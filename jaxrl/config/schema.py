@@ -640,7 +640,9 @@ class AsyncTrainingConfig:
     """
 
     staleness: int = 0  # jaxrl: the most policy versions a trained batch may lag the trainer; 0 = synchronous
-    partial_rollout: bool = False  # verl: continue unfinished responses under new weights; only False is valid here
+    # verl: a response unfinished at a weight sync continues under the new weights. jaxrl: each batch is generated in
+    # `staleness` stages of ceil(R / staleness) tokens, one per step, each with the latest weights (staleness >= 2)
+    partial_rollout: bool = False
 
 
 # ------------------------------------------------------------------------------- top level

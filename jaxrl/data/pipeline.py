@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -216,6 +216,7 @@ class PromptPipeline:
             [r[prompt_key] for r in rows], tokenizer, apply_chat_template=apply_chat_template
         )
         self._kept = self._limit_lengths(all_ids, filter_overlong_prompts, truncation)
+        self._pos_of: dict[int, int] | None = None  # dataset row index -> kept position (batch_of, built on first use)
         self.num_rows = len(self._kept.indices)
         self.num_filtered = len(rows) - self.num_rows
         if self.num_filtered:
@@ -300,6 +301,20 @@ class PromptPipeline:
         """
         positions = self._order.next_positions()
         return self._collate([self._element(p) for p in positions], self._order.epoch)
+
+    def batch_of(self, indices: Sequence[int], epoch: int) -> PromptBatch:
+        """The batch of the dataset rows ``indices`` (a :attr:`PromptBatch.indices` saved earlier) again, without
+        moving the iterator; ``epoch`` is what its ``epoch`` says.
+
+        Raises:
+            ValueError: an index that is not a kept row.
+        """
+        if self._pos_of is None:
+            self._pos_of = {i: pos for pos, i in enumerate(self._kept.indices)}
+        missing = [i for i in indices if i not in self._pos_of]
+        if missing:
+            raise ValueError(f"dataset rows {missing[:5]} are not among the {self.num_rows} kept prompts")
+        return self._collate([self._element(self._pos_of[i]) for i in indices], epoch)
 
     def __iter__(self) -> Iterator[PromptBatch]:
         """Infinite iterator over :meth:`next_batch`."""

@@ -46,9 +46,11 @@ def rollout_weight_format(cfg, *, mesh: Mesh | None = None, rules: Rules | None 
 
 def _engine_prompt_length(cfg) -> int:
     """Longest prompt the engine takes: ``data.max_prompt_length``; with ``multi_turn.enable`` the whole
-    conversation so far (each turn re-prefills prompt + response), so prompt + response budget."""
+    conversation so far (each turn re-prefills prompt + response), and with ``async_training.partial_rollout`` the
+    prompt and the response so far (each stage continues it), so prompt + response budget."""
     rc = cfg.actor_rollout_ref.rollout
-    if rc.multi_turn.enable:
+    partial = getattr(getattr(cfg, "async_training", None), "partial_rollout", False)
+    if rc.multi_turn.enable or partial:  # partial rollouts: a stage continues prompt + the response so far
         return cfg.data.max_prompt_length + (rc.max_new_tokens or cfg.data.max_response_length)
     return cfg.data.max_prompt_length
 
