@@ -17,8 +17,11 @@ finished batches u+1 .. u+k (arrays, metrics, timings, version tags) and the dat
 prompts; batch u+k+1 is generated again after a resume, from the checkpoint's weights, which are the version it was
 launched with. So a run killed at any moment and resumed logs what the uninterrupted run logs.
 
-The trainer hands in what to do (``produce``: phases gen + reward for a step index; ``sync_weights``: the actor's
-current weights into the engine); this module only orders the calls and keeps the buffer (no jax here).
+The trainer hands in what to do (a generator: :class:`WholeBatches` over ``produce``, phases gen + reward for a step
+index, or with partial rollouts :class:`jaxrl.partial_rollout.StagedRollout`; ``sync_weights``: the actor's current
+weights into the engine); this module only orders the calls and keeps the buffer (no jax here). With partial rollouts
+the unit of work launched at the end of step b advances every batch in flight by one stage and begins batch b + k + 1;
+the checkpoint then also holds the batches between stages.
 """
 
 from __future__ import annotations

@@ -175,7 +175,8 @@ def test_staleness_zero_is_not_a_pipeline():
     (["async_training.partial_rollout=true", "async_training.staleness=1"], "needs staleness >= 2"),
     (["async_training.partial_rollout=true", "async_training.staleness=2", "algorithm.filter_groups.enable=true"],
      "does not combine with algorithm.filter_groups.enable=True"),
-    (["async_training.staleness=1", "actor_rollout_ref.rollout.name=jetstream"], "needs actor_rollout_ref.rollout.name"),
+    (["async_training.staleness=1", "actor_rollout_ref.rollout.name=vllm", "trainer.n_gpus_per_node=2"],
+     "needs an in-process JAX engine"),
     (["async_training.trigger_parameter_sync_step=4"], "only 1 is valid"),
 ])
 def test_bad_async_settings_are_one_line_config_errors(overrides, message):
@@ -333,3 +334,24 @@ def test_partial_rollout_state_resumes_the_batches_in_flight():
     for a, b in zip(whole, got):
         for name in ("response_ids", "response_mask", "rollout_log_probs", "policy_version"):
             np.testing.assert_array_equal(getattr(a.batch, name), getattr(b.batch, name))
+
+
+@pytest.mark.parametrize("engine", ["jax", "jetstream"])
+def test_a_real_run_with_partial_rollouts_tags_every_token(shared, tmp_path, engine):
+    """The quickstart model, 4 tiny steps, staleness 2 with partial rollouts on the embedded sampler and on the
+    continuous-batching JetStream engine: batch b's first 6 tokens come from the weights of step b - 3, the last 6 from
+    those of step b - 2 (clipped at 0), so the staleness is 0, 1, then 1.5 on average and 2 at most."""
+    from jaxrl.trainer import run_training
+    from tests.test_trainer import tiny_run_overrides
+
+    cfg = load_config("configs/quickstart.yaml", tiny_run_overrides(tmp_path, [
+        "trainer.total_training_steps=4", "trainer.test_freq=-1", "async_training.staleness=2",
+        "async_training.partial_rollout=true", f"actor_rollout_ref.rollout.name={engine}"]))
+    run_training(cfg)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert [r["async/staleness/max"] for r in records] == [0, 1, 2, 2]
+    assert [r["async/staleness/mean"] for r in records][:2] == [0, 1]
+    assert all(1 < r["async/staleness/mean"] < 2 for r in records[2:])  # rows that stop early have no late tokens
+    assert all(r["sync/bytes"] == 0 and r["timing_s/wait_prev_gen"] >= 0 for r in records)
+    assert records[0]["rollout_corr/rollout_is_max"] == pytest.approx(1.0, abs=1e-3)  # batch 1: the trained weights

@@ -158,6 +158,7 @@ def test_only_jaxrl_distributed_knows_about_processes():
     ["jaxrl.cli_common", "jaxrl.config.offline_loader", "jaxrl.offline.cli", "jaxrl.sft", "jaxrl.dpo", "jaxrl.data.sft",
      "jaxrl.data.preference", "jaxrl.data.examples"],
     ["jaxrl.distributed", "jaxrl.launch", "jaxrl.ray_backend"],
+    ["jaxrl.async_rollout", "jaxrl.partial_rollout"],
 ])
 def test_the_fast_path_imports_no_jax(modules):
     """A bad config, custom reward file or data file fails in about a second: these modules (and loading and

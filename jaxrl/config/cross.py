@@ -145,8 +145,9 @@ def _validate_prime(cfg: JaxRLConfig) -> None:
 
 
 def _validate_async(cfg: JaxRLConfig) -> None:
-    """``async_training``: a non-negative ``staleness``; the pipeline runs the embedded sampler only (its thread shares
-    the process's devices with the trainer; vLLM and JetStream keep host loops of their own); partial rollouts need
+    """``async_training``: a non-negative ``staleness``; the pipeline runs the in-process JAX engines (the embedded
+    sampler, JetStream: its thread shares the process's devices with the trainer; vLLM runs its own engine loop, in a
+    worker process under split placement, and is refused); partial rollouts need
     staleness >= 2 stages and single-round, single-turn generation."""
     a = cfg.async_training
     if a.staleness < 0:
@@ -172,9 +173,10 @@ def _validate_async(cfg: JaxRLConfig) -> None:
         bad = [text for on, text in refused if on]
         if bad:
             raise ConfigError(f"{why} does not combine with {'; '.join(bad)}; set those keys off")
-    if a.staleness and name != "jax":
-        raise ConfigError(f"async_training.staleness={a.staleness} needs actor_rollout_ref.rollout.name='jax' (the "
-                          f"embedded sampler); got {name!r}. Use rollout.name=jax or async_training.staleness=0")
+    if a.staleness and name not in ("jax", "jetstream"):
+        raise ConfigError(f"async_training.staleness={a.staleness} needs an in-process JAX engine, "
+                          f"actor_rollout_ref.rollout.name='jax' (the embedded sampler) or 'jetstream'; got {name!r}. "
+                          "Use one of those or async_training.staleness=0")
 
 
 # ------------------------------------------------------------------------------ device mesh

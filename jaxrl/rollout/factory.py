@@ -123,7 +123,8 @@ def make_rollout_engine(cfg, model_cfg, graphdef, params, tokenizer, *, mesh: Me
 def _jetstream(cfg, model_cfg, graphdef, params, tokenizer, *, mesh, rules):
     """:class:`~jaxrl.rollout.jetstream_rollout.JetStreamRollout`: one decode slot per row of a generate call
     (``(data.gen_batch_size or data.train_batch_size) x rollout.n``), at most ``rollout.max_num_seqs``; each slot's
-    KV cache holds ``data.max_prompt_length + (rollout.max_new_tokens or data.max_response_length)`` positions."""
+    KV cache holds the longest prompt (``data.max_prompt_length``; with partial rollouts prompt + response so far)
+    ``+ (rollout.max_new_tokens or data.max_response_length)`` positions."""
     from jaxrl.rollout.jetstream_rollout import JetStreamRollout
 
     rc, d = cfg.actor_rollout_ref.rollout, cfg.data
@@ -133,7 +134,7 @@ def _jetstream(cfg, model_cfg, graphdef, params, tokenizer, *, mesh, rules):
     slots = min(rows, rc.max_num_seqs) if rc.max_num_seqs else rows
     return JetStreamRollout(
         model_cfg, graphdef, params, pad_token_id=int(pad), eos_token_ids=tuple(model_cfg.eos_token_id),
-        max_prompt_length=d.max_prompt_length, max_new_tokens=rc.max_new_tokens or d.max_response_length,
+        max_prompt_length=_engine_prompt_length(cfg), max_new_tokens=rc.max_new_tokens or d.max_response_length,
         slots=int(slots), max_stop_ids=max(8, stops), tokenizer=tokenizer, mesh=mesh, rules=rules,
     )
 
