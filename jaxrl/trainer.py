@@ -211,8 +211,7 @@ class Trainer(TrainingLoop):
         With the async pipeline on the train devices (no mesh, or colocated) the engine gets a copy: it generates
         while the next update donates the actor's buffers. Any failure raises ``WeightSyncError``."""
         params = self.c.actor.merged_params()
-        placement = self.c.placement
-        if self.pipeline is not None and (placement is None or placement.kind == "colocated"):
+        if self.pipeline is not None and (self.c.placement is None or self.c.placement.kind == "colocated"):
             import jax
 
             params = jax.tree.map(lambda x: x.copy(), params)

@@ -255,7 +255,7 @@ def test_sampler_after_sync_generates_what_the_actor_params_generate(policy, sin
     noise = peaked(params, 7)
     actor.params = jax.tree.map(lambda p, e: p + 0.1 * e, actor.params, noise)
     assert value_of(actor.params["embed_tokens"]).sharding.spec == PartitionSpec("tensor", "fsdp")
-    fake = SimpleNamespace(c=SimpleNamespace(weight_sync=weight_sync, rollout=sampler, actor=actor))
+    fake = SimpleNamespace(c=SimpleNamespace(weight_sync=weight_sync, rollout=sampler, actor=actor), pipeline=None)
     moved = Trainer.sync_rollout(fake)
     assert moved == report.bytes_moved > 0
     for leaf in jax.tree.leaves(sampler.params):  # the weights live on the rollout mesh, tensor-parallel layout
