@@ -53,7 +53,6 @@ class ReadyBatch:
       metrics: the round's metrics (``reward/*``, DAPO's counts, ...).
       timings: seconds of the round's phases (``gen``, ``reward``, ...).
       epoch: the data epoch its prompts came from.
-      started, finished: ``time.perf_counter()`` when its generation began and ended (not saved).
     """
 
     index: int
@@ -62,8 +61,6 @@ class ReadyBatch:
     metrics: dict
     timings: dict
     epoch: int
-    started: float = 0.0
-    finished: float = 0.0
 
 
 # A step index -> (batch, metrics, timings, epoch): phases gen + reward for that step (jaxrl.trainer supplies it).
@@ -82,11 +79,10 @@ class WholeBatches:
     def work(self, index: int | None, version: int) -> list[ReadyBatch]:
         if index is None:
             return []
-        started = time.perf_counter()
         batch, metrics, timings, epoch = self._produce(index)
         batch.policy_version = np.full(batch.response_ids.shape, version, np.int32)
         return [ReadyBatch(index=index, version=version, batch=batch, metrics=dict(metrics), timings=dict(timings),
-                           epoch=int(epoch), started=started, finished=time.perf_counter())]
+                           epoch=int(epoch))]
 
     def state(self) -> list:
         return []
@@ -130,6 +126,9 @@ class AsyncRollout:
         self._outcome: list[ReadyBatch] | BaseException | None = None
         self._snapshot: dict | None = None  # the state before the last launch (what a checkpoint holds)
         self._step_started = 0.0
+        # perf_counter() when the unit launched last began and ended (None: no unit, or still running)
+        self._unit_started: float | None = None
+        self._unit_finished: float | None = None
 
     # -- the schedule ---------------------------------------------------------------------------------------------
 
@@ -176,7 +175,7 @@ class AsyncRollout:
         """
         busy_until = time.perf_counter()
         waited = self._wait()
-        started, finished = self._unit_span  # of the unit that ran during this step (launched at the last advance)
+        started, finished = self._unit_started, self._unit_finished  # the unit launched at the last advance
         overlap = 0.0
         if started is not None and finished is not None and finished >= self._step_started:
             overlap = max(0.0, min(finished, busy_until) - max(started, self._step_started))
@@ -238,9 +237,6 @@ class AsyncRollout:
 
     # -- the thread -----------------------------------------------------------------------------------------------
 
-    _unit_span: tuple = (None, None)  # perf_counter start / end of the unit launched last (end None while it runs)
-    _unit_done: float | None = None
-
     def _add(self, batches: list[ReadyBatch]) -> None:
         for r in batches:
             self._ready[r.index] = r
@@ -251,20 +247,20 @@ class AsyncRollout:
         self._snapshot = {"ready": dict(self._ready), "next_index": self._next_index,
                           "data_state": self._data.get_state(), "in_flight": self._gen.state()}
         index = self._next_index if self._next_index <= self.total else None
+        self._unit_started = self._unit_finished = None
         if index is None and not self._gen.pending:
-            self._unit_span = (None, None)
             return
         if index is not None:
             self._next_index += 1
         self._outcome = None
-        self._unit_span = (time.perf_counter(), None)
+        self._unit_started = time.perf_counter()
 
         def work(index=index, version=self._version):
             try:
                 self._outcome = self._gen.work(index, version)
             except BaseException as e:  # noqa: BLE001 - re-raised on the trainer's thread by _wait
                 self._outcome = e
-            self._unit_done = time.perf_counter()
+            self._unit_finished = time.perf_counter()
 
         self._thread = threading.Thread(target=work, name=f"jaxrl-rollout-{index}", daemon=True)
         self._thread.start()
@@ -277,7 +273,6 @@ class AsyncRollout:
         self._thread.join()
         waited = time.perf_counter() - t0
         outcome, self._thread, self._outcome = self._outcome, None, None
-        self._unit_span = (self._unit_span[0], self._unit_done)
         if isinstance(outcome, BaseException):
             raise outcome
         self._add(outcome)

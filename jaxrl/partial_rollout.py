@@ -157,14 +157,13 @@ class StagedRollout:
         b.stage += 1
 
     def _score(self, b: _InFlight) -> ReadyBatch:
-        prompts = self._prompts.pop(b.index, None) or self._prompts_of(b.prompt_rows, b.epoch)
-        t0 = time.perf_counter()
+        prompts = self._prompts_for(b)
+        del self._prompts[b.index]
         timings = {"gen": b.gen_s}
         batch, metrics, epoch = self._finish(b.index, prompts, b.out, timings)
         batch.policy_version = b.version.copy()
         return ReadyBatch(index=b.index, version=int(b.version[b.version >= 0].min(initial=0)), batch=batch,
-                          metrics=dict(metrics), timings=dict(timings), epoch=int(epoch), started=t0,
-                          finished=time.perf_counter())
+                          metrics=dict(metrics), timings=dict(timings), epoch=int(epoch))
 
     def _prompts_for(self, b: _InFlight):
         if b.index not in self._prompts:

@@ -49,8 +49,7 @@ def _engine_prompt_length(cfg) -> int:
     conversation so far (each turn re-prefills prompt + response), and with ``async_training.partial_rollout`` the
     prompt and the response so far (each stage continues it), so prompt + response budget."""
     rc = cfg.actor_rollout_ref.rollout
-    partial = getattr(getattr(cfg, "async_training", None), "partial_rollout", False)
-    if rc.multi_turn.enable or partial:  # partial rollouts: a stage continues prompt + the response so far
+    if rc.multi_turn.enable or cfg.async_training.partial_rollout:  # partial: a stage continues prompt + response
         return cfg.data.max_prompt_length + (rc.max_new_tokens or cfg.data.max_response_length)
     return cfg.data.max_prompt_length
 
