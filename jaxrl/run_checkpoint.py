@@ -58,12 +58,14 @@ class RunCheckpoints:
         """The device state a checkpoint holds: params and optimizer states of every trained role."""
         return {name: role.state()[0] for name, role in self.roles().items()}
 
-    def state_meta(self, step: int, kl_ctrl=None, extra: dict | None = None) -> dict:
+    def state_meta(self, step: int, kl_ctrl=None, extra: dict | None = None, roles: dict | None = None) -> dict:
         """The host state a checkpoint holds (JSON): step, data position, RNGs, KL controller (when the run has
         one), model info, and ``extra`` (the async pipeline's ``{"async_rollout": state}``, whose ``data_state`` is
-        then the run's data position: the iterator has run ahead to batches that are generated again on resume)."""
+        then the run's data position: the iterator has run ahead to batches that are generated again on resume).
+        ``roles``: each role's meta when already taken (``{name: role.state()[1]}``), else taken now."""
         c = self.c
-        roles = {name: role.state()[1] for name, role in self.roles().items()}
+        if roles is None:
+            roles = {name: role.state()[1] for name, role in self.roles().items()}
         pipeline = (extra or {}).get("async_rollout")
         data_state = pipeline["data_state"] if pipeline else c.train_data.get_state()
         meta = {"step": step, "data_state": data_state, **(extra or {})}
@@ -174,7 +176,11 @@ class RunCheckpoints:
         from jaxrl.checkpoint import CheckpointSaveError
 
         try:
-            return self.c.store.save(step, arrays=self.state_arrays(), meta=self.state_meta(step, kl_ctrl, extra))
+            # one state() per role (a hybrid run's roles copy theirs from the train group on each call)
+            states = {name: role.state() for name, role in self.roles().items()}
+            return self.c.store.save(step, arrays={n: s[0] for n, s in states.items()},
+                                     meta=self.state_meta(step, kl_ctrl, extra, roles={n: s[1] for n, s in
+                                                                                      states.items()}))
         except CheckpointSaveError as e:
             log.error("checkpoint not saved (training state intact, earlier checkpoints kept): %s", e)
             return False

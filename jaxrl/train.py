@@ -97,7 +97,10 @@ def _main(argv: Sequence[str] | None) -> int:
     if isinstance(loaded, int):
         return loaded
     cfg = loaded.config
-    if cfg.trainer.launcher == "ray":  # this process only places and supervises the hosts' processes
+    from jaxrl.ray_backend import uses_rollout_pool
+
+    hybrid = uses_rollout_pool(cfg)  # a rollout pool of its own: this process is the controller of two groups
+    if cfg.trainer.launcher == "ray" and not hybrid:  # this process only places and supervises the hosts' processes
         from jaxrl.ray_backend.driver import run_driver
 
         return run_driver(cfg, list(sys.argv[1:] if argv is None else argv))
@@ -106,9 +109,29 @@ def _main(argv: Sequence[str] | None) -> int:
         status = check_run_folder(cfg)
     if status is not None:
         return status
+    if hybrid:
+        return _run_hybrid(cfg)
     from jaxrl.trainer import run_training  # heavy (jax); only after the config is valid
 
     return exit_status(lambda: run_training(cfg), [*run_errors(), *_rl_errors(cfg)])
+
+
+def _run_hybrid(cfg) -> int:
+    """The hybrid controller (:mod:`jaxrl.hybrid`): this process drives a train group and a rollout group on the
+    Ray cluster. A lost member is ``jaxrl: error: ...`` naming the group and its host, exit 1."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        return fail("actor_rollout_ref.rollout.nnodes > 0 (the hybrid controller) needs Ray: pip install "
+                    "'jaxrl[ray]'", 2)
+    from jaxrl.hybrid.controller import run_hybrid
+    from jaxrl.hybrid.groups import GroupFailure
+    from jaxrl.ray_backend.pool import PlacementTimeoutError
+
+    return exit_status(lambda: run_hybrid(cfg), [
+        *run_errors(), *_rl_errors(cfg),
+        ExitRule((GroupFailure,), 1, more=lambda e: f"jaxrl: {_checkpoint_hint(cfg)}"),
+        ExitRule((PlacementTimeoutError, ConnectionError), 1)])
 
 
 def _check_reward_and_tools(cfg) -> int | None:

@@ -94,10 +94,12 @@ def test_only_jetstream_compat_imports_jetstream():
     assert importers == ["jaxrl.rollout.jetstream_compat"], importers
 
 
-def test_only_the_cli_imports_the_trainer_and_the_trainer_imports_no_role():
+def test_only_the_cli_and_the_hybrid_driver_import_the_trainer_and_the_trainer_imports_no_role():
+    """The RL loop is run by the CLI (one world) and by the hybrid controller's Ray driver (the same loop over
+    worker groups); nothing else imports it, and it imports no role."""
     importers = sorted(m for pkg in ("jaxrl", "sharding") for m, imps in _modules(pkg).items()
                        if m != "jaxrl.trainer" and any(_under(i, "jaxrl.trainer") for i in imps))
-    assert importers == ["jaxrl.train"]
+    assert importers == ["jaxrl.hybrid.controller", "jaxrl.train"]
     trainer = _imports(ROOT / "jaxrl/trainer.py")
     assert not [i for i in trainer if _under(i, "jaxrl.workers")]
 
@@ -210,19 +212,22 @@ def test_launchers_import_only_the_standard_library_and_nothing_imports_them():
     assert not {m: v for m, v in users.items() if v}
 
 
-_RAY_MODULES = {"jaxrl.ray_backend.pool", "jaxrl.ray_backend.host", "jaxrl.ray_backend.driver"}
+_RAY_MODULES = {"jaxrl.ray_backend.pool", "jaxrl.ray_backend.host", "jaxrl.ray_backend.driver",
+                "jaxrl.hybrid.groups", "jaxrl.hybrid.worker", "jaxrl.hybrid.controller"}
 
 
 def test_only_the_ray_backend_imports_ray_and_only_the_cli_imports_its_driver():
-    """Ray is an optional extra: ``ray`` is imported by the Ray launcher's pool, actor and driver only (not by
-    ``jaxrl.ray_backend`` itself, which the config loader uses), and only ``jaxrl.train`` reaches the driver."""
+    """Ray is an optional extra: ``ray`` is imported by the Ray launcher's pool, actor and driver and by the hybrid
+    controller's groups, members and driver only (not by ``jaxrl.ray_backend`` itself, which the config loader uses,
+    nor by ``jaxrl.hybrid`` or its proxies), and only ``jaxrl.train`` reaches either driver."""
     importers = sorted(m for pkg in ("jaxrl", "sharding", "launchers") for m, imps in _modules(pkg).items()
                        if any(_top(i) == "ray" for i in imps))
     assert set(importers) <= _RAY_MODULES, importers
     assert "jaxrl.ray_backend" not in importers
-    drivers = sorted(m for pkg in ("jaxrl", "sharding") for m, imps in _modules(pkg).items()
-                     if m not in _RAY_MODULES and any(_under(i, "jaxrl.ray_backend.driver") for i in imps))
-    assert drivers == ["jaxrl.train"]
+    for driver in ("jaxrl.ray_backend.driver", "jaxrl.hybrid.controller"):
+        drivers = sorted(m for pkg in ("jaxrl", "sharding") for m, imps in _modules(pkg).items()
+                         if m not in _RAY_MODULES and any(_under(i, driver) for i in imps))
+        assert drivers == ["jaxrl.train"], (driver, drivers)
 
 
 def test_the_default_install_never_imports_ray():
@@ -235,6 +240,7 @@ def test_the_default_install_never_imports_ray():
         "from jaxrl.config.loader import load_config",
         "load_config('configs/quickstart.yaml')",
         "load_config('configs/quickstart.yaml', ['trainer.launcher=ray'])",
+        "load_config('configs/quickstart.yaml', ['trainer.launcher=ray', 'rollout.nnodes=1', 'rollout.n_gpus_per_node=2'])",
         "assert 'ray' not in sys.modules, sorted(m for m in sys.modules if m.split('.')[0] == 'ray')",
     ])
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -282,6 +282,8 @@ RENAMES: dict[str, str] = {
     "critic.optim.warmup_style": "critic.optim.lr_scheduler_type",
     "reward_model.model.optim.warmup_style": "reward_model.model.optim.lr_scheduler_type",
     "critic.optim.clip_grad": "critic.grad_clip",
+    "rollout.nnodes": "actor_rollout_ref.rollout.nnodes",  # verl recipes' rollout pool (one_step_off_policy, fully_async)
+    "rollout.n_gpus_per_node": "actor_rollout_ref.rollout.n_gpus_per_node",
 }
 
 

@@ -245,6 +245,13 @@ class RolloutConfig:
     # many rollout devices and the remaining factor of the rollout devices splits the generated rows
     # (data-parallel replicas). Without a mesh the jax sampler runs on one device and ignores it.
     tensor_model_parallel_size: int = 2
+    # The rollout's own resource pool (verl's standalone rollout / one-step-off-policy recipes; the recipes' top-level
+    # rollout.nnodes / rollout.n_gpus_per_node are read as these): with trainer.launcher=ray and nnodes >= 1 the
+    # rollout runs as its own worker group (its own JAX world) on nnodes hosts x n_gpus_per_node devices, apart from
+    # the train group (trainer.nnodes x trainer.n_gpus_per_node); the Ray driver is the controller (jaxrl.hybrid).
+    # 0 = no pool of its own: the rollout shares the trainer's processes (colocated or trainer.placement=split).
+    nnodes: int = 0
+    n_gpus_per_node: int = 0
     gpu_memory_utilization: float = 0.5  # vLLM: fraction of GPU memory for weights + KV cache
     update_weights_timeout_s: float = 600.0  # jaxrl/vLLM: seconds one weight sync may take before it fails
     # vLLM on CUDA: sleep after each rollout (KV cache freed, weights offloaded to host) so the trainer's update has

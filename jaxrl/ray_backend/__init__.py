@@ -26,12 +26,14 @@ the Ray launcher requires of the config (:func:`check_ray_launch`). Nothing here
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 
 from jaxrl.config.errors import ConfigError
 
-__all__ = ["LAUNCHERS", "RAY_ADDRESS_ENV", "check_ray_launch", "resolve_launcher"]
+__all__ = ["LAUNCHERS", "RAY_ADDRESS_ENV", "check_ray_launch", "check_rollout_pool", "resolve_launcher",
+           "uses_rollout_pool"]
 
 LAUNCHERS: tuple[str, ...] = ("local", "ray")  # = jaxrl.config.schema.LAUNCHER_CHOICES
 RAY_ADDRESS_ENV = "RAY_ADDRESS"
@@ -83,6 +85,7 @@ def check_ray_launch(cfg, spec, environ: Mapping[str, str] | None = None) -> Non
                                    check_world)
 
     t = cfg.trainer
+    check_rollout_pool(cfg)
     if t.launcher != "ray":
         if t.max_restarts:
             raise ConfigError(f"trainer.max_restarts={t.max_restarts} needs trainer.launcher=ray (the Ray driver "
@@ -102,3 +105,63 @@ def check_ray_launch(cfg, spec, environ: Mapping[str, str] | None = None) -> Non
     planned = WorldSpec(mode="env", num_processes=t.nnodes, process_id=0,
                         local_device_count=spec.local_device_count)
     check_world(cfg, planned)
+
+
+def uses_rollout_pool(cfg) -> bool:
+    """True when the rollout has a resource pool of its own (``actor_rollout_ref.rollout.nnodes`` >= 1): the run is
+    then the hybrid controller of :mod:`jaxrl.hybrid` (a train group and a rollout group, each its own JAX world,
+    driven by this process), not the replicated SPMD run of :mod:`jaxrl.ray_backend.driver`."""
+    return cfg.actor_rollout_ref.rollout.nnodes > 0
+
+
+# what the hybrid controller does not run yet: (key, its value in cfg -> offending?, why)
+_HYBRID_REFUSALS = (
+    ("actor_rollout_ref.rollout.name", lambda c: c.actor_rollout_ref.rollout.name == "vllm",
+     "vLLM is not built into the rollout group yet; use rollout.name=jax or jetstream there"),
+    ("reward_model.enable", lambda c: bool(c.reward_model.enable),
+     "the reward model (and PRIME's implicit PRM) run on the train mesh of a single world; not built for the train "
+     "group yet"),
+    ("algorithm.dpo.enable", lambda c: bool(c.algorithm.dpo.enable), "online DPO is not built for the groups yet"),
+    ("algorithm.adv_estimator", lambda c: c.algorithm.adv_estimator == "prime",
+     "PRIME's implicit PRM is not built for the train group yet"),
+    ("actor_rollout_ref.rollout.multi_turn.enable", lambda c: bool(c.actor_rollout_ref.rollout.multi_turn.enable),
+     "multi-turn rollouts are not built for the rollout group yet"),
+    ("trainer.max_restarts", lambda c: bool(c.trainer.max_restarts),
+     "the hybrid driver does not restart its groups; rerun the same command to resume from the newest checkpoint"),
+)
+
+
+def check_rollout_pool(cfg) -> None:
+    """What a rollout pool of its own (``actor_rollout_ref.rollout.nnodes`` / ``n_gpus_per_node``, verl's
+    split-placement keys) requires of a config (no Ray, no jax).
+
+    Raises:
+      ConfigError: one line naming the key, its value and what is valid: a negative size; a pool without the Ray
+        launcher; a pool of several hosts (one host per group is what is built); ``trainer.placement=split`` or
+        ``trainer.rollout_devices`` together with a pool (the pool is the split); a setting the groups do not run.
+    """
+    r, t = cfg.actor_rollout_ref.rollout, cfg.trainer
+    if r.nnodes < 0 or r.n_gpus_per_node < 0:
+        raise ConfigError(f"actor_rollout_ref.rollout.nnodes={r.nnodes} / n_gpus_per_node={r.n_gpus_per_node} must "
+                          ">= 0 (0 = the rollout shares the trainer's processes)")
+    if not r.nnodes:
+        return
+    where = f"actor_rollout_ref.rollout.nnodes={r.nnodes} (a rollout pool of its own)"
+    if r.n_gpus_per_node < 1:
+        raise ConfigError(f"{where} needs actor_rollout_ref.rollout.n_gpus_per_node >= 1 (devices per rollout host); "
+                          f"got {r.n_gpus_per_node}")
+    if t.launcher != "ray":
+        raise ConfigError(f"{where} needs the Ray launcher: set trainer.launcher=ray (or run under ray job submit), "
+                          "or set actor_rollout_ref.rollout.nnodes=0 to roll out in the trainer's processes")
+    for key, n in (("trainer.nnodes", t.nnodes), ("actor_rollout_ref.rollout.nnodes", r.nnodes)):
+        if n != 1:
+            raise ConfigError(f"{key}={n}: each worker group of the hybrid controller runs on one host (its "
+                              f"n_gpus_per_node devices) in this version; set {key}=1")
+    if t.placement != "colocated" or t.rollout_devices is not None:
+        raise ConfigError(f"trainer.placement={t.placement!r} / trainer.rollout_devices={t.rollout_devices!r} with "
+                          f"{where}: the pool already splits rollout from training; leave trainer.placement="
+                          "colocated and trainer.rollout_devices unset (trainer.mesh lays out the train group)")
+    for key, offending, why in _HYBRID_REFUSALS:
+        if offending(cfg):
+            value = functools.reduce(getattr, key.split("."), cfg)
+            raise ConfigError(f"{key}={value!r} with {where}: {why}")

@@ -1,0 +1,180 @@
+"""The driver's stand-ins for the roles, the rollout engine and the weight sync of a hybrid run.
+
+:class:`jaxrl.trainer.Trainer` runs unchanged in the Ray driver: where a single-process run's
+:class:`~jaxrl.build.Components` hold the roles themselves, a hybrid run's hold these objects, whose methods are
+calls to a worker group (:class:`~jaxrl.hybrid.groups.WorkerGroup.call`). A batch goes to the group as
+:class:`~jaxrl.batch.RLBatch` of numpy arrays through Ray's object store; results come back the same way.
+
+=====================  ====================================================  =============================
+stand-in               Trainer calls                                          group method
+=====================  ====================================================  =============================
+RemoteActor            compute_log_probs, update, merged_params, state,      TrainWorker.*("actor", ...)
+                       load_state
+RemoteReference        compute_log_probs                                      TrainWorker.compute_log_probs("ref")
+RemoteCritic           compute_values, update, state, load_state              TrainWorker.*("critic", ...)
+RemoteRollout          generate                                               RolloutWorker.generate
+RemoteWeightSync       sync(actor.merged_params())                            TrainWorker.weights ->
+                                                                              RolloutWorker.update_weights
+=====================  ====================================================  =============================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+log = logging.getLogger("jaxrl")
+
+__all__ = ["HybridPlacement", "RemoteActor", "RemoteCritic", "RemoteReference", "RemoteRollout", "RemoteWeightSync",
+           "WeightCopy"]
+
+
+def _to_numpy(tree: Any) -> Any:
+    """A checkpoint's restored arrays (on the driver's CPU device) as numpy, for the trip to the group."""
+    import jax
+    import numpy as np
+
+    return jax.tree.map(np.asarray, tree)
+
+
+class _RemoteRole:
+    """A trained role living in the train group, named ``role`` there."""
+
+    def __init__(self, group, role: str):
+        self.group, self.role = group, role
+
+    def update(self, batch) -> dict[str, float]:
+        """One update on ``batch`` in the train group; the role's metrics."""
+        return self.group.call("update", self.role, batch)
+
+    def state(self) -> tuple[Any, dict]:
+        """``(arrays, meta)`` as :meth:`TrainedRole.state`, the arrays copied to the driver's host memory."""
+        return self.group.call("state", self.role)
+
+    def load_state(self, arrays: Any, meta: dict) -> None:
+        """Restore the role in the train group (placed there on its live shardings)."""
+        self.group.call("load_state", self.role, _to_numpy(arrays), meta)
+
+
+class RemoteActor(_RemoteRole):
+    """The actor (:class:`jaxrl.workers.actor.ActorWorker`) in the train group."""
+
+    def __init__(self, group, *, lora: bool = False):
+        super().__init__(group, "actor")
+        self.has_lora = lora
+
+    def compute_log_probs(self, batch):
+        """``(old_log_probs, entropy)`` float32 ``[N, R]``."""
+        return self.group.call("compute_log_probs", "actor", batch)
+
+    def merged_params(self) -> "WeightCopy":
+        """The policy's current weights as a host copy in Ray's object store (:meth:`TrainWorker.weights`)."""
+        return WeightCopy(**self.group.call("weights"))
+
+
+class RemoteReference:
+    """The frozen reference policy in the train group."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def compute_log_probs(self, batch):
+        return self.group.call("compute_log_probs", "ref", batch)
+
+
+class RemoteCritic(_RemoteRole):
+    """The critic (:class:`jaxrl.workers.critic.CriticWorker`) in the train group."""
+
+    def __init__(self, group):
+        super().__init__(group, "critic")
+
+    def compute_values(self, batch):
+        """Values float32 ``[N, R]``."""
+        return self.group.call("compute_values", batch)
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightCopy:
+    """One host copy of the policy's weights in Ray's object store, put there by the train group.
+
+    Attributes:
+      ref: ``[ObjectRef]`` of the ``nnx.State`` with numpy leaves (in a list, so Ray passes it on unresolved).
+      bytes: its size; tensors: its leaf count; gather_s: seconds the train group took to gather and put it.
+    """
+
+    ref: list
+    bytes: int
+    tensors: int
+    gather_s: float
+
+
+class RemoteRollout:
+    """The rollout engine in the rollout group: ``generate`` as :class:`jaxrl.rollout.base.RolloutEngine`."""
+
+    def __init__(self, group, info: dict):
+        self.group = group
+        self.engine_name = f"{info['engine']} in the rollout group ({info['mesh']})"
+        self.eos_token_ids = tuple(info.get("eos_token_ids", ()))
+
+    def generate(self, prompt_ids, sampling_params):
+        return self.group.call("generate", prompt_ids, sampling_params)
+
+
+@dataclasses.dataclass(frozen=True)
+class HybridSyncReport:
+    """One weight sync across worlds (the fields :class:`jaxrl.rollout.weight_sync.WeightSyncReport` has, and the
+    split of its time).
+
+    Attributes:
+      bytes_moved: bytes of the host copy that crossed through the object store (the ``sync/bytes`` metric).
+      seconds: the whole sync, as the driver saw it; gather_s: the train group's gather and put; load_s: the
+        rollout group's load through its translator (the object-store transfer is the rest).
+      num_tensors: tensors moved.
+    """
+
+    bytes_moved: int
+    seconds: float
+    num_tensors: int
+    gather_s: float
+    load_s: float
+
+
+class RemoteWeightSync:
+    """The train group's weights -> the rollout group's engine.
+
+    The train group gathers its (sharded) weights into one host copy and puts it into Ray's object store; the
+    rollout group's ``update_weights`` receives it (Ray moves the object between the nodes) and loads it through
+    its translator onto its mesh. Any failure there is the rollout group's ``WeightSyncError`` (the engine keeps
+    its previous weights); a member lost meanwhile is a :class:`~jaxrl.hybrid.groups.GroupFailure`.
+    """
+
+    def __init__(self, group, engine: RemoteRollout):
+        self.group, self.engine = group, engine
+        self.num_syncs = 0
+        self.reports: list[HybridSyncReport] = []
+
+    def sync(self, weights: WeightCopy) -> HybridSyncReport:
+        t0 = time.perf_counter()
+        loaded = self.group.call("update_weights", weights.ref[0])  # a top-level ref: resolved in the member
+        self.num_syncs += 1
+        report = HybridSyncReport(bytes_moved=weights.bytes, seconds=weights.gather_s + time.perf_counter() - t0,
+                                  num_tensors=weights.tensors, gather_s=weights.gather_s, load_s=loaded["load_s"])
+        self.reports.append(report)
+        log.info("weight sync #%d across worlds: %.2f MB in %.3f s (train group gather %.3f s, rollout group load "
+                 "%.3f s)", self.num_syncs, report.bytes_moved / 1e6, report.seconds, report.gather_s, report.load_s)
+        return report
+
+
+@dataclasses.dataclass(frozen=True)
+class HybridPlacement:
+    """``Components.placement`` of a hybrid run: the two groups, for the log (kind ``"hybrid"``: the engine never
+    shares the train group's buffers, so the async pipeline needs no weight copy)."""
+
+    train: str
+    rollout: str
+    kind: str = "hybrid"
+
+    def describe(self) -> str:
+        return f"hybrid: train group {self.train}; rollout group {self.rollout}"

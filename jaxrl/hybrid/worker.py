@@ -1,0 +1,247 @@
+"""The members of the hybrid controller's worker groups: what runs inside each group's JAX world.
+
+Both classes are plain Python; :mod:`jaxrl.hybrid.groups` makes them Ray actors, one per host of a group's resource
+pool, each holding its bundle's devices. Every method takes and returns picklable host values (numpy arrays,
+:class:`~jaxrl.batch.RLBatch`, dicts), because a group's arrays never leave its world: what crosses to the driver or
+to the other group goes through Ray's object store.
+
+* :class:`TrainWorker` (the train group: actor, reference, critic) builds the roles exactly as a single-process run
+  does (:mod:`jaxrl.build`), on a train mesh over its own devices (``trainer.mesh``), and runs each phase the driver
+  asks for. Its weights leave it as one host copy put into the object store (:meth:`TrainWorker.weights`).
+* :class:`RolloutWorker` (the rollout group) starts the run's rollout engine (the embedded sampler or the JetStream
+  engine) on a rollout mesh over its own devices and loads each weight copy through the translator
+  (:class:`jaxrl.rollout.weight_sync.WeightSync`, the ``"jax"`` plan onto that mesh).
+
+Nothing here imports Ray at import time; jax is imported only once the worker has applied its environment
+(``JAXRL_LOCAL_DEVICE_COUNT`` for simulated CPU devices, ``JAXRL_SHARED``, ...).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import types
+from typing import Any
+
+log = logging.getLogger("jaxrl")
+
+__all__ = ["RolloutWorker", "TrainWorker"]
+
+
+class _Member:
+    """What every group member does: take the driver's environment and working directory, say where it runs."""
+
+    def __init__(self, env: dict[str, str], cwd: str | None = None):
+        os.environ.update(env)
+        if cwd and os.path.isdir(cwd):
+            os.chdir(cwd)  # the driver's relative paths (data files, the run folder) mean the same here
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+
+    def describe(self) -> dict[str, Any]:
+        """``node_ip``, ``node_id``, ``hostname``, ``pid`` of this member (for the driver's messages)."""
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {"node_ip": ray.util.get_node_ip_address(), "node_id": ctx.get_node_id(),
+                "hostname": socket.gethostname(), "pid": os.getpid()}
+
+    def ping(self) -> bool:
+        """Answered from the member's second thread while a phase runs: the driver's liveness check."""
+        return True
+
+    def memory_gb(self) -> float:
+        """This member's resident set size in GB (``perf/cpu_memory_used_gb`` of its process)."""
+        import psutil
+
+        return psutil.Process().memory_info().rss / 1e9
+
+    @staticmethod
+    def _join(cfg) -> None:
+        from jaxrl import distributed
+
+        distributed.initialize(cfg)  # this group's own world (one host: nothing to join; sets the CPU devices)
+
+
+class TrainWorker(_Member):
+    """The train group's member: the actor, the frozen reference and the critic on the train mesh of its world.
+
+    Call order (the driver's): :meth:`load` -> :meth:`build` -> phases (:meth:`compute_log_probs`,
+    :meth:`compute_values`, :meth:`update`, :meth:`weights`, :meth:`state` / :meth:`load_state`) ->
+    :meth:`export_final_model`.
+    """
+
+    def load(self, cfg) -> dict[str, Any]:
+        """Join this group's world, place the train mesh over its devices and load the policy.
+
+        Returns:
+          ``{"tokenizer", "model_cfg", "placement"}`` (the placement described in one line).
+
+        Raises:
+          ConfigError: a ``trainer.mesh`` that does not fit this group's devices, a context too short; the model
+            loader's errors (``ModelFileError``, ``FileNotFoundError``).
+        """
+        from jaxrl import build
+        from jaxrl.workers.placement import placement_from_config
+
+        self._join(cfg)
+        self.cfg = cfg
+        self.placement = placement_from_config(cfg)  # the train mesh over this world's devices (None: one device)
+        self.pre, self.tokenizer = build._load_policy(cfg.actor_rollout_ref.model)
+        build._check_context_lengths(cfg, self.pre.config)
+        return {"tokenizer": self.tokenizer, "model_cfg": self.pre.config, "placement": _train_mesh(self.placement)}
+
+    def build(self, total_training_steps: int) -> dict[str, Any]:
+        """Build the roles as :func:`jaxrl.build.build` does (LoRA, the reference, the critic).
+
+        Returns:
+          ``{"model_meta", "roles", "lora", "graphdef"}``: the checkpoint's model entry, the names of the roles built
+          (``actor``, ``ref``, ``critic``), whether the actor trains LoRA adapters, and the policy's graph without
+          adapters (what the rollout engine runs).
+        """
+        from flax import nnx
+
+        from jaxrl import build
+        from jaxrl.algorithms.registry import needs_critic
+        from jaxrl.checkpoint import model_meta
+
+        cfg, pre = self.cfg, self.pre
+        graphdef, params = nnx.split(pre.model)
+        actor, ref = build._build_actor_and_reference(cfg, graphdef, params, total_training_steps, self.placement)
+        critic = (build._build_critic(cfg, pre, total_training_steps, self.placement)
+                  if needs_critic(cfg.algorithm.adv_estimator) else None)
+        self.roles = {k: v for k, v in (("actor", actor), ("ref", ref), ("critic", critic)) if v is not None}
+        arr = cfg.actor_rollout_ref
+        meta = model_meta(pre.config, path=arr.model.path, param_dtype=arr.model.param_dtype,
+                          lora=build._lora_meta(actor.lora))
+        return {"model_meta": meta, "roles": sorted(self.roles), "lora": actor.lora is not None,
+                "graphdef": actor.base_graphdef}
+
+    def compute_log_probs(self, role: str, batch) -> tuple[Any, Any]:
+        """``(log_probs, entropy)`` float32 ``[N, R]`` of ``batch`` under role ``actor`` or ``ref``."""
+        return self.roles[role].compute_log_probs(batch)
+
+    def compute_values(self, batch) -> Any:
+        """The critic's values float32 ``[N, R]``."""
+        return self.roles["critic"].compute_values(batch)
+
+    def update(self, role: str, batch) -> dict[str, float]:
+        """One update of role ``actor`` or ``critic`` on ``batch``; its metrics."""
+        return self.roles[role].update(batch)
+
+    def weights(self) -> dict[str, Any]:
+        """The policy's current weights (``ActorWorker.merged_params``: with LoRA merged), gathered to host memory
+        and put into Ray's object store by this member (its owner).
+
+        Returns:
+          ``{"ref": [ObjectRef of the nnx.State with numpy leaves], "bytes", "tensors", "gather_s"}``; the ref is
+          wrapped in a list so that the driver passes it on unresolved.
+        """
+        import jax
+        import ray
+
+        from jaxrl import distributed
+
+        t0 = time.perf_counter()
+        host = distributed.to_host(self.roles["actor"].merged_params())
+        leaves = jax.tree.leaves(host)
+        ref = ray.put(host)
+        return {"ref": [ref], "bytes": int(sum(x.nbytes for x in leaves)), "tensors": len(leaves),
+                "gather_s": time.perf_counter() - t0}
+
+    def state(self, role: str) -> tuple[Any, dict]:
+        """What a checkpoint holds of ``role`` (:meth:`TrainedRole.state`), its arrays copied to host memory."""
+        from jaxrl import distributed
+
+        arrays, meta = self.roles[role].state()
+        return distributed.to_host(arrays), meta
+
+    def load_state(self, role: str, arrays: Any, meta: dict) -> None:
+        """Restore ``role`` from host ``arrays`` (the layout :meth:`state` returned), placed on the role's live
+        shardings."""
+        import jax
+        import numpy as np
+
+        live = self.roles[role].state()[0]
+        placed = jax.tree.map(lambda new, old: jax.device_put(np.asarray(new, dtype=old.dtype), old.sharding),
+                              arrays, live)
+        self.roles[role].load_state(placed, meta)
+
+    def export_final_model(self, out_dir: str) -> None:
+        """Write the trained policy as a Hugging Face folder ``<out_dir>/hf_model`` (and ``lora_adapter/``):
+        :func:`jaxrl.loop.export_final_model`, here, where the weights are."""
+        from pathlib import Path
+
+        from jaxrl.loop import export_final_model
+
+        c = types.SimpleNamespace(actor=self.roles["actor"], out_dir=Path(out_dir), model_cfg=self.pre.config,
+                                  tokenizer=self.tokenizer)
+        export_final_model(c, base_model_path=self.cfg.actor_rollout_ref.model.path)
+
+
+def _train_mesh(placement) -> str:
+    """``train data=1 x fsdp=2 x tensor=1 on devices [0, 1]`` (the group's train mesh; its placement's rollout mesh
+    over the same devices is unused here), or ``one device`` without ``trainer.mesh``."""
+    if placement is None:
+        return "one device"
+    m = placement.train_mesh
+    return " x ".join(f"{a}={m.shape[a]}" for a in m.axis_names) + f" on devices {[d.id for d in m.devices.flat]}"
+
+
+class RolloutWorker(_Member):
+    """The rollout group's member: the rollout engine on a rollout mesh over its world's devices.
+
+    Call order: :meth:`start` (with the train group's first weight copy) -> :meth:`generate` / :meth:`update_weights`.
+    """
+
+    def start(self, cfg, model_cfg, graphdef, weights, tokenizer) -> dict[str, Any]:
+        """Join this group's world and start the engine on ``weights`` (the train group's host copy).
+
+        The mesh is ``(data = devices / tp, fsdp = 1, tensor = tp)`` with ``tp =
+        actor_rollout_ref.rollout.tensor_model_parallel_size``, as the rollout mesh of a single-process placement.
+        Each weight copy is put on this world's first device in the trainer's layout, then the translator's ``"jax"``
+        plan lays it out on the mesh (:func:`jaxrl.rollout.factory.start_rollout`).
+
+        Returns:
+          ``{"engine", "mesh", "eos_token_ids"}``.
+
+        Raises:
+          ConfigError: a tensor-parallel degree that does not divide this group's devices.
+        """
+        import jax
+
+        from jaxrl.rollout.factory import start_rollout
+        from jaxrl.workers.placement import make_placement
+
+        self._join(cfg)
+        devices = jax.devices()
+        placement = make_placement("colocated", {"data": len(devices), "fsdp": 1, "tensor": 1},
+                                   rollout_tp=cfg.actor_rollout_ref.rollout.tensor_model_parallel_size)
+        self.mesh = placement.rollout_mesh
+        self.device = devices[0]
+        self.weight_sync = start_rollout(cfg, model_cfg, graphdef, jax.device_put(weights, self.device), tokenizer,
+                                         mesh=self.mesh, rules=placement.rollout_rules)
+        self.engine = self.weight_sync.engine
+        mesh = " x ".join(f"{a}={self.mesh.shape[a]}" for a in self.mesh.axis_names)
+        return {"engine": str(getattr(self.engine, "engine_name", None) or type(self.engine).__name__),
+                "mesh": f"{mesh} on devices {[d.id for d in self.mesh.devices.flat]}",
+                "eos_token_ids": tuple(getattr(self.engine, "eos_token_ids", ()))}
+
+    def generate(self, prompt_ids, sampling_params):
+        """``engine.generate``: a :class:`~jaxrl.rollout.base.RolloutOutput` (numpy arrays)."""
+        return self.engine.generate(prompt_ids, sampling_params)
+
+    def update_weights(self, weights) -> dict[str, float]:
+        """Load a weight copy (an ``nnx.State`` of numpy arrays, resolved by Ray from the train group's object
+        store) through the run's :class:`WeightSync`; ``{"load_s", "translated_bytes"}``.
+
+        Raises:
+          WeightSyncError: a tree that differs from the engine's, a failed translation or load (the engine keeps
+            its previous weights).
+        """
+        import jax
+
+        t0 = time.perf_counter()
+        report = self.weight_sync.sync(jax.device_put(weights, self.device))
+        return {"load_s": time.perf_counter() - t0, "translated_bytes": int(report.bytes_moved)}
