@@ -87,6 +87,8 @@ class WorkerGroup:
         """
         import ray
 
+        from jaxrl.ray_backend.pool import rank_order
+
         self.pool.reserve(timeout_s)
         env = dict(self.env)
         if self.pool.resource == "CPU":
@@ -95,9 +97,17 @@ class WorkerGroup:
         handles = [remote.options(**self.pool.actor_options(i), max_concurrency=2, name=None)
                    .remote(env, self.cwd) for i in range(self.pool.nnodes)]
         infos = self._wait([h.describe.remote() for h in handles], handles, timeout_s)
-        self.members = [_Member(h, info) for h, info in zip(handles, infos)]
+        order = rank_order(infos)  # node IP, then node id (as the Ray launcher's hosts): stable across reruns
+        self.members = [_Member(handles[i], infos[i]) for i in order]
         for rank, m in enumerate(self.members):
             log.info("hybrid: %s group member %d on %s", self.name, rank, m.where())
+        if len(self.members) > 1:  # several hosts: one JAX world of their own, rank 0's node runs its coordinator
+            ip, port = self._wait([self.members[0].handle.free_port.remote()], handles, timeout_s)[0]
+            coordinator = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+            self._wait([m.handle.set_world.remote(coordinator, len(self.members), rank)
+                        for rank, m in enumerate(self.members)], handles, timeout_s)
+            log.info("hybrid: %s group world of %d processes, coordinator %s", self.name, len(self.members),
+                     coordinator)
 
     def describe(self) -> str:
         return f"{self.name} group: {self.pool.describe()}"

@@ -47,6 +47,22 @@ class _Member:
         return {"node_ip": ray.util.get_node_ip_address(), "node_id": ctx.get_node_id(),
                 "hostname": socket.gethostname(), "pid": os.getpid()}
 
+    def free_port(self) -> tuple[str, int]:
+        """``(node IP, free port)``: rank 0's answer is where its world's coordinator listens."""
+        from jaxrl.ray_backend.host import free_port_on_node
+
+        return free_port_on_node()
+
+    def set_world(self, coordinator: str, num_processes: int, process_id: int) -> None:
+        """Make this member process ``process_id`` of its group's world of ``num_processes`` (several hosts): the
+        :mod:`jaxrl.distributed` env contract, read when :meth:`_join` initializes; the coordinator listens on its
+        own address only."""
+        from jaxrl.distributed import ENV_COORDINATOR_ADDRESS, ENV_NUM_PROCESSES, ENV_PROCESS_ID
+
+        os.environ.update({ENV_COORDINATOR_ADDRESS: coordinator, ENV_NUM_PROCESSES: str(num_processes),
+                           ENV_PROCESS_ID: str(process_id)})
+        self._bind = coordinator
+
     def ping(self) -> bool:
         """Answered from the member's second thread while a phase runs: the driver's liveness check."""
         return True
@@ -57,11 +73,39 @@ class _Member:
 
         return psutil.Process().memory_info().rss / 1e9
 
-    @staticmethod
-    def _join(cfg) -> None:
+    def _join(self, cfg, group: str):
+        """Join this group's world (one host: nothing to join, the CPU devices set; several: ``jax.distributed``
+        with the group's own coordinator) with :func:`group_config`; returns that config."""
         from jaxrl import distributed
 
-        distributed.initialize(cfg)  # this group's own world (one host: nothing to join; sets the CPU devices)
+        g = group_config(cfg, group)
+        if getattr(self, "_bind", None):
+            g.trainer.distributed.coordinator_bind_address = self._bind
+        distributed.initialize(g)
+        return g
+
+
+def group_config(cfg, group: str):
+    """The config a group's world runs (a copy; the driver's is unchanged).
+
+    ``train``: the rollout engine and the async pipeline are not in this world (the rollout group, the driver), so
+    its copy names the embedded engine and no staleness (what :func:`jaxrl.distributed.check_world` refuses of a
+    world of several processes does not apply to them). ``rollout``: the world's size is the rollout pool's
+    (``trainer.nnodes`` / ``n_gpus_per_node`` := ``actor_rollout_ref.rollout.nnodes`` / ``n_gpus_per_node``), and its
+    mesh is the rollout mesh (:meth:`RolloutWorker.start`), so ``trainer.mesh`` spans the world's devices.
+    """
+    import copy
+
+    g = copy.deepcopy(cfg)
+    g.async_training.staleness, g.async_training.partial_rollout = 0, False
+    g.trainer.launcher, g.trainer.max_restarts = "local", 0
+    r = g.actor_rollout_ref.rollout
+    if group == "train":
+        r.name = "jax"
+    else:
+        g.trainer.nnodes, g.trainer.n_gpus_per_node = r.nnodes, r.n_gpus_per_node
+        g.trainer.mesh.data, g.trainer.mesh.fsdp, g.trainer.mesh.tensor = -1, 1, 1
+    return g
 
 
 class TrainWorker(_Member):
@@ -85,8 +129,7 @@ class TrainWorker(_Member):
         from jaxrl import build
         from jaxrl.workers.placement import placement_from_config
 
-        self._join(cfg)
-        self.cfg = cfg
+        cfg = self.cfg = self._join(cfg, "train")
         self.placement = placement_from_config(cfg)  # the train mesh over this world's devices (None: one device)
         self.pre, self.tokenizer = build._load_policy(cfg.actor_rollout_ref.model)
         build._check_context_lengths(cfg, self.pre.config)
@@ -144,9 +187,9 @@ class TrainWorker(_Member):
         from jaxrl import distributed
 
         t0 = time.perf_counter()
-        host = distributed.to_host(self.roles["actor"].merged_params())
+        host = distributed.to_host(self.roles["actor"].merged_params())  # a collective: every member gathers
         leaves = jax.tree.leaves(host)
-        ref = ray.put(host)
+        ref = ray.put(host) if distributed.is_primary() else None  # the primary's copy is the one that travels
         return {"ref": [ref], "bytes": int(sum(x.nbytes for x in leaves)), "tensors": len(leaves),
                 "gather_s": time.perf_counter() - t0}
 
@@ -163,9 +206,11 @@ class TrainWorker(_Member):
         import jax
         import numpy as np
 
+        from jaxrl.distributed import to_global
+
         live = self.roles[role].state()[0]
-        placed = jax.tree.map(lambda new, old: jax.device_put(np.asarray(new, dtype=old.dtype), old.sharding),
-                              arrays, live)
+        host = jax.tree.map(lambda new, old: np.asarray(new, dtype=old.dtype), arrays, live)
+        placed = to_global(host, jax.tree.map(lambda x: x.sharding, live))  # each process: its devices' pieces
         self.roles[role].load_state(placed, meta)
 
     def export_final_model(self, out_dir: str) -> None:
@@ -198,10 +243,11 @@ class RolloutWorker(_Member):
     def start(self, cfg, model_cfg, graphdef, weights, tokenizer) -> dict[str, Any]:
         """Join this group's world and start the engine on ``weights`` (the train group's host copy).
 
-        The mesh is ``(data = devices / tp, fsdp = 1, tensor = tp)`` with ``tp =
+        The mesh is ``(data = devices / tp, fsdp = 1, tensor = tp)`` over every device of this world with ``tp =
         actor_rollout_ref.rollout.tensor_model_parallel_size``, as the rollout mesh of a single-process placement.
-        Each weight copy is put on this world's first device in the trainer's layout, then the translator's ``"jax"``
-        plan lays it out on the mesh (:func:`jaxrl.rollout.factory.start_rollout`).
+        Each weight copy is placed by the rollout rules' shardings on that mesh (each process puts the pieces its
+        devices hold, from its node's copy), then goes through the run's :class:`WeightSync` (its translator's
+        ``"jax"`` plan, here from that layout to itself) into the engine (:func:`jaxrl.rollout.factory.start_rollout`).
 
         Returns:
           ``{"engine", "mesh", "eos_token_ids"}``.
@@ -211,16 +257,20 @@ class RolloutWorker(_Member):
         """
         import jax
 
+        from jaxrl.distributed import to_global
         from jaxrl.rollout.factory import start_rollout
         from jaxrl.workers.placement import make_placement
+        from sharding import param_shardings
 
-        self._join(cfg)
-        devices = jax.devices()
+        cfg = self._join(cfg, "rollout")
+        devices = jax.devices()  # every process of this world
         placement = make_placement("colocated", {"data": len(devices), "fsdp": 1, "tensor": 1},
                                    rollout_tp=cfg.actor_rollout_ref.rollout.tensor_model_parallel_size)
         self.mesh = placement.rollout_mesh
-        self.device = devices[0]
-        self.weight_sync = start_rollout(cfg, model_cfg, graphdef, jax.device_put(weights, self.device), tokenizer,
+        # the layout the translator plans for the engine (the rollout rules on this mesh); each host copy lands on
+        # it directly (every process places the pieces its devices hold)
+        self.shardings = param_shardings(weights, self.mesh, placement.rollout_rules)
+        self.weight_sync = start_rollout(cfg, model_cfg, graphdef, to_global(weights, self.shardings), tokenizer,
                                          mesh=self.mesh, rules=placement.rollout_rules)
         self.engine = self.weight_sync.engine
         mesh = " x ".join(f"{a}={self.mesh.shape[a]}" for a in self.mesh.axis_names)
@@ -240,8 +290,8 @@ class RolloutWorker(_Member):
           WeightSyncError: a tree that differs from the engine's, a failed translation or load (the engine keeps
             its previous weights).
         """
-        import jax
+        from jaxrl.distributed import to_global
 
         t0 = time.perf_counter()
-        report = self.weight_sync.sync(jax.device_put(weights, self.device))
+        report = self.weight_sync.sync(to_global(weights, self.shardings))
         return {"load_s": time.perf_counter() - t0, "translated_bytes": int(report.bytes_moved)}

@@ -102,6 +102,13 @@ def check_ray_launch(cfg, spec, environ: Mapping[str, str] | None = None) -> Non
     if given:
         raise ConfigError(f"trainer.launcher=ray forms the world itself (one process per Ray node), but "
                           f"{', '.join(given)} describe(s) one too; drop them, or use trainer.launcher=local")
+    if uses_rollout_pool(cfg):  # two worlds: each group's, with the config it runs (the driver is no process of them)
+        from jaxrl.hybrid.worker import group_config
+
+        for group, n in (("train", t.nnodes), ("rollout", cfg.actor_rollout_ref.rollout.nnodes)):
+            check_world(group_config(cfg, group), WorldSpec(mode="env" if n > 1 else "local", num_processes=n,
+                                                             process_id=0))
+        return
     planned = WorldSpec(mode="env", num_processes=t.nnodes, process_id=0,
                         local_device_count=spec.local_device_count)
     check_world(cfg, planned)
@@ -137,7 +144,7 @@ def check_rollout_pool(cfg) -> None:
 
     Raises:
       ConfigError: one line naming the key, its value and what is valid: a negative size; a pool without the Ray
-        launcher; a pool of several hosts (one host per group is what is built); ``trainer.placement=split`` or
+        launcher; ``trainer.placement=split`` or
         ``trainer.rollout_devices`` together with a pool (the pool is the split); a setting the groups do not run.
     """
     r, t = cfg.actor_rollout_ref.rollout, cfg.trainer
@@ -153,10 +160,6 @@ def check_rollout_pool(cfg) -> None:
     if t.launcher != "ray":
         raise ConfigError(f"{where} needs the Ray launcher: set trainer.launcher=ray (or run under ray job submit), "
                           "or set actor_rollout_ref.rollout.nnodes=0 to roll out in the trainer's processes")
-    for key, n in (("trainer.nnodes", t.nnodes), ("actor_rollout_ref.rollout.nnodes", r.nnodes)):
-        if n != 1:
-            raise ConfigError(f"{key}={n}: each worker group of the hybrid controller runs on one host (its "
-                              f"n_gpus_per_node devices) in this version; set {key}=1")
     if t.placement != "colocated" or t.rollout_devices is not None:
         raise ConfigError(f"trainer.placement={t.placement!r} / trainer.rollout_devices={t.rollout_devices!r} with "
                           f"{where}: the pool already splits rollout from training; leave trainer.placement="

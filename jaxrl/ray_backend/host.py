@@ -26,7 +26,7 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["HostAgent", "TAIL_LINES"]
+__all__ = ["HostAgent", "TAIL_LINES", "free_port_on_node"]
 
 TAIL_LINES = 30  # stderr lines kept for the failure message
 _PR_SET_PDEATHSIG = 1
@@ -38,6 +38,18 @@ _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") el
 def _die_with_parent() -> None:  # runs in the child between fork and exec: nothing that takes a lock
     if _LIBC is not None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def free_port_on_node() -> tuple[str, int]:
+    """``(this Ray node's IP, a TCP port free on it a moment ago)`` (call inside a Ray worker): where a world's
+    process 0 will run its coordinator."""
+    import ray
+
+    ip = ray.util.get_node_ip_address()
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((ip, 0))
+        return ip, s.getsockname()[1]
 
 
 class HostAgent:
@@ -65,13 +77,7 @@ class HostAgent:
 
     def free_port(self) -> tuple[str, int]:
         """``(node IP, a TCP port free on it a moment ago)``: where process 0's coordinator will listen."""
-        import ray
-
-        ip = ray.util.get_node_ip_address()
-        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            s.bind((ip, 0))
-            return ip, s.getsockname()[1]
+        return free_port_on_node()
 
     def start(self, cmd: list[str], env: dict[str, str], drop_env: list[str], cwd: str | None) -> int:
         """Start ``cmd`` with this actor's environment plus ``env`` (less ``drop_env``), in ``cwd`` (None: the

@@ -34,9 +34,11 @@ def test_verl_recipes_rollout_keys_are_read_as_the_rollout_pool():
     (["trainer.launcher=local"], r"actor_rollout_ref.rollout.nnodes=1 \(a rollout pool of its own\) needs the Ray "
                                  r"launcher: set trainer.launcher=ray"),
     (["actor_rollout_ref.rollout.n_gpus_per_node=0"], r"needs actor_rollout_ref.rollout.n_gpus_per_node >= 1"),
-    (["actor_rollout_ref.rollout.nnodes=2"], r"actor_rollout_ref.rollout.nnodes=2: each worker group .* one host"),
+    # a group of several hosts is one world of several processes: what such a world refuses, for that group
     (["trainer.nnodes=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"],
-     r"trainer.nnodes=2: each worker group of the hybrid controller runs on one host"),
+     r"a run of 2 processes needs a train mesh over all their devices"),
+    (["actor_rollout_ref.rollout.nnodes=2", "actor_rollout_ref.rollout.name=jetstream"],
+     r"rollout.name='jetstream' is not supported with 2 processes"),
     (["trainer.placement=split", "trainer.rollout_devices=1", "trainer.mesh.fsdp=1"],
      r"trainer.placement='split' / trainer.rollout_devices=1 with .* leave trainer.placement=colocated"),
     (["actor_rollout_ref.rollout.name=vllm"], r"actor_rollout_ref.rollout.name='vllm' with .* vLLM is not built into "
@@ -48,6 +50,24 @@ def test_a_rollout_pool_refuses_what_the_groups_do_not_run_in_one_line(extra, me
     with pytest.raises(ConfigError, match=message) as e:
         load_config("configs/quickstart.yaml", [*POOL, *extra])
     assert "\n" not in str(e.value)
+
+
+def test_groups_of_several_hosts_load_with_the_async_pipeline_in_the_driver():
+    """Each group's world is checked with the config it runs: the train world holds no engine and no pipeline, so
+    staleness and a multi-host train group go together (a single world of 2 processes refuses staleness)."""
+    from jaxrl.hybrid.worker import group_config
+
+    cfg = load_config("configs/quickstart.yaml", [*POOL, "trainer.nnodes=2", "trainer.mesh.fsdp=4",
+                                                  "actor_rollout_ref.rollout.nnodes=2", "async_training.staleness=1",
+                                                  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"])
+    train, rollout = group_config(cfg, "train"), group_config(cfg, "rollout")
+    assert (train.trainer.nnodes, train.async_training.staleness, train.trainer.mesh.fsdp) == (2, 0, 4)
+    assert (rollout.trainer.nnodes, rollout.trainer.n_gpus_per_node, rollout.trainer.mesh.data) == (2, 2, -1)
+    assert cfg.async_training.staleness == 1 and cfg.trainer.launcher == "ray"  # the driver's config is untouched
+    with pytest.raises(ConfigError, match=r"async_training.staleness=1 .* 2 processes"):
+        load_config("configs/quickstart.yaml", ["trainer.nnodes=2", "trainer.n_gpus_per_node=2", "trainer.mesh.fsdp=4",
+                                                "trainer.launcher=ray", "async_training.staleness=1",
+                                                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"])
 
 
 @pytest.mark.parametrize("section, key, message", [

@@ -10,7 +10,9 @@ its rollout group on node B (2 CPU devices, tensor-parallel 2), the Ray driver r
   process of the run is left, and the same command resumes from the checkpoint and ends equal to the uninterrupted
   run;
 * one-step-off-policy (``async_training.staleness=1``) on this placement: the rollout group generates batch N+1
-  while the train group updates on batch N, and the quickstart learns.
+  while the train group updates on batch N, and the quickstart learns;
+* groups of several hosts (4 nodes: the train group on 2 x 1 device, the rollout group on 2 x 1), each its own
+  world of 2 processes with its own coordinator: the same 3 steps, equal to the single-process split run.
 """
 
 from __future__ import annotations
@@ -245,3 +247,38 @@ def test_one_step_off_policy_on_the_hybrid_placement_overlaps_and_learns(cluster
     print(f"one-step-off on the hybrid placement: score first 3 {first:.3f} -> last 3 {last:.3f}, overlap ratio "
           f"{sum(r['perf/gen_overlap_ratio'] for r in middle) / len(middle):.2f}")
     assert wait_gone(_run_processes(cluster), 30) == []
+
+
+def test_groups_of_two_hosts_each_form_their_own_world_and_equal_the_split_run(shared, split_reference, tmp_path):
+    require_ray()
+    home = tmp_path / "home"
+    home.mkdir()
+    c = LocalCluster(home, [{"num_cpus": 1}] * 4)
+    everything: set[int] = set()
+    try:
+        env = {**ray_process_env(home), "RAY_ADDRESS": c.address}
+        env.pop("JAXRL_LOCAL_DEVICE_COUNT", None)
+        args = [*[a for a in HYBRID if not a.startswith(("trainer.nnodes", "trainer.n_gpus_per_node",
+                                                         "actor_rollout_ref.rollout.nnodes",
+                                                         "actor_rollout_ref.rollout.n_gpus"))],
+                "trainer.nnodes=2", "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.nnodes=2",
+                "actor_rollout_ref.rollout.n_gpus_per_node=1", f"trainer.total_training_steps={STEPS}",
+                f"trainer.default_local_dir={tmp_path / 'run'}"]
+        with driver_process(args, env) as (proc, read):
+            rc = proc.wait(timeout=1500)
+            stdout, stderr = read()
+        everything = c.pids()
+    finally:
+        everything |= c.pids()
+        c.shutdown()
+    assert rc == 0, stderr[-5000:]
+    for group in ("train", "rollout"):
+        assert re.search(rf"hybrid: {group} group world of 2 processes, coordinator 127\.0\.0\.1:\d+", stderr), group
+    nodes = re.findall(r"hybrid: \w+ group member \d on node 127\.0\.0\.1 \(([0-9a-f]+)\)", stderr)
+    assert len(nodes) == 4 and len(set(nodes)) == 4, nodes  # four members, each on its own node
+    assert "train group data=1 x fsdp=2 x tensor=1 on devices" in stderr
+    rows = metric_rows(tmp_path / "run")
+    assert [r["step"] for r in rows] == list(range(STEPS + 1))
+    for got, want in zip(rows, split_reference):
+        assert_equal_metrics(_without_sync(got), _without_sync(want))
+    assert wait_gone(everything, 30) == []
