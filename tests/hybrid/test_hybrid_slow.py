@@ -253,6 +253,7 @@ def test_groups_of_two_hosts_each_form_their_own_world_and_equal_the_split_run(s
     require_ray()
     home = tmp_path / "home"
     home.mkdir()
+    before = {p.pid for p in psutil.Process().children(recursive=True)}  # e.g. the module's 2-node cluster
     c = LocalCluster(home, [{"num_cpus": 1}] * 4)
     everything: set[int] = set()
     try:
@@ -267,9 +268,9 @@ def test_groups_of_two_hosts_each_form_their_own_world_and_equal_the_split_run(s
         with driver_process(args, env) as (proc, read):
             rc = proc.wait(timeout=1500)
             stdout, stderr = read()
-        everything = c.pids()
+        everything = c.pids() - before
     finally:
-        everything |= c.pids()
+        everything |= c.pids() - before
         c.shutdown()
     assert rc == 0, stderr[-5000:]
     for group in ("train", "rollout"):
