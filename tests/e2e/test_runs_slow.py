@@ -43,24 +43,26 @@ def test_quickstart_learns(shared, tmp_path):
     assert (tmp_path / "reward.png").exists()
 
 
-def test_gsm8k_smollm2_three_steps(shared, tmp_path):
+def test_gsm8k_smollm2_two_steps(shared, tmp_path):
+    """The GSM8K config end to end (prepare, 2 steps, validation at the last one). The validation before training
+    on GSM8K is covered by tests/agent/test_multiturn_slow.py (the same config with the tool loop)."""
     data = tmp_path / "gsm8k"
     _run(["-m", "jaxrl.data.prepare", "gsm8k", "--input", str(shared / "data" / "gsm8k"), "--output", str(data)])
     out = tmp_path / "run"
     _run([
-        "-m", "jaxrl.train", "--config", "configs/gsm8k_grpo_smollm2_135m.yaml", "trainer.total_training_steps=3",
-        "trainer.test_freq=3",  # validate before training and at the last step (the config's 2 adds a third pass)
+        "-m", "jaxrl.train", "--config", "configs/gsm8k_grpo_smollm2_135m.yaml", "trainer.total_training_steps=2",
+        "trainer.val_before_train=false", "data.val_max_samples=8",  # the config's test_freq=2: the last step
         f"data.train_files={data}/train.parquet", f"data.val_files={data}/test.parquet",
         f"trainer.default_local_dir={out}",
     ])
     records = _records(out / "metrics.jsonl")
     train = [r for r in records if r["step"] > 0]
-    assert [r["step"] for r in train] == [1, 2, 3]
+    assert [r["step"] for r in train] == [1, 2]
     for r in train:
         assert r["timing_s/gen"] > 0 and r["timing_s/update_actor"] > 0
         assert np.isfinite(r["actor/pg_loss"]) and "actor/kl_loss" in r
     val = [r for r in records if "val-core/openai/gsm8k/reward/mean@1" in r]
-    assert [r["step"] for r in val] == [0, 3]  # before training and at the last step
+    assert [r["step"] for r in val] == [2]  # at the last step (trainer.test_freq)
     assert (out / "reward.png").exists()
 
 
