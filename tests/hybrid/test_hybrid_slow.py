@@ -12,7 +12,8 @@ its rollout group on node B (2 CPU devices, tensor-parallel 2), the Ray driver r
 * one-step-off-policy (``async_training.staleness=1``) on this placement: the rollout group generates batch N+1
   while the train group updates on batch N, and the quickstart learns;
 * groups of several hosts (4 nodes: the train group on 2 x 1 device, the rollout group on 2 x 1), each its own
-  world of 2 processes with its own coordinator: the same 3 steps, equal to the single-process split run.
+  world of 2 processes with its own coordinator: 3 PPO steps (the critic in the train group too), equal to the
+  single-process split run.
 """
 
 from __future__ import annotations
@@ -134,8 +135,9 @@ def test_groups_on_two_nodes_equal_the_single_process_split_run(hybrid_run, spli
 
 
 def test_after_a_sync_the_rollout_groups_greedy_tokens_are_the_train_groups_model(cluster, tmp_path):
-    """Through the Python API in this process: one training step (update + sync), then greedy generation in the
-    rollout group against the same prompts on the train group's weights, run here on one device."""
+    """Through the Python API in this process, with LoRA (the merged policy crosses) and the JetStream engine in the
+    rollout group: one training step (update + sync), then greedy generation in the rollout group against the same
+    prompts on the train group's weights, run here by the embedded sampler on one device."""
     import dataclasses
 
     import jax
@@ -151,8 +153,12 @@ def test_after_a_sync_the_rollout_groups_greedy_tokens_are_the_train_groups_mode
     from jaxrl.trainer import Trainer
 
     overrides = [o for o in HYBRID[2:] if not o.startswith("trainer.logger")]
+    # LoRA: what crosses is the merged policy; JetStream: the rollout group's engine is the continuous-batching one
     cfg = load_config("configs/quickstart.yaml", [*overrides, "trainer.logger=[jsonl]", "trainer.val_before_train=false",
-                                                  f"trainer.default_local_dir={tmp_path}", "trainer.total_training_steps=1"])
+                                                  f"trainer.default_local_dir={tmp_path}", "trainer.total_training_steps=1",
+                                                  "actor_rollout_ref.model.lora_rank=8",
+                                                  "actor_rollout_ref.model.lora_alpha=16",
+                                                  "actor_rollout_ref.rollout.name=jetstream"])
     ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
     groups = None
     try:
@@ -169,7 +175,8 @@ def test_after_a_sync_the_rollout_groups_greedy_tokens_are_the_train_groups_mode
         pre = load_pretrained("stories260K")
         graphdef, initial = nnx.split(pre.model)
         changed = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(weights), jax.tree.leaves(initial))]
-        assert any(changed)  # the step updated the policy: the check below compares trained weights
+        assert any(changed)  # the step updated the adapters: the merged weights below are trained ones
+        assert "JetStream" in c.rollout.engine_name or "jetstream" in c.rollout.engine_name.lower()
         prompts = [row["prompt_ids"] for row in c.val_rows[:6]]
         sp = SamplingParams(max_new_tokens=24, do_sample=False, n=1, seed=0)
         remote = c.rollout.generate(prompts, sp)
@@ -249,8 +256,21 @@ def test_one_step_off_policy_on_the_hybrid_placement_overlaps_and_learns(cluster
     assert wait_gone(_run_processes(cluster), 30) == []
 
 
-def test_groups_of_two_hosts_each_form_their_own_world_and_equal_the_split_run(shared, split_reference, tmp_path):
+PPO = ["--config", "configs/ppo_quickstart.yaml", "critic.ppo_micro_batch_size_per_gpu=8", "trainer.val_before_train=false",
+       *COMMON[2:], f"trainer.total_training_steps={STEPS}"]
+
+
+def test_ppo_with_groups_of_two_hosts_each_its_own_world_equals_the_split_run(shared, tmp_path):
+    """PPO (the critic in the train group too) with each group a world of 2 processes (4 nodes, 1 device each)."""
     require_ray()
+    env1 = {**child_env(), "JAXRL_LOCAL_DEVICE_COUNT": "4"}
+    env1.pop("RAY_ADDRESS", None)
+    ref = subprocess.run([sys.executable, "-m", "jaxrl.train", *PPO, "trainer.mesh.fsdp=2", "trainer.placement=split",
+                          "trainer.rollout_devices=2", "trainer.n_gpus_per_node=4",
+                          f"trainer.default_local_dir={tmp_path / 'split'}"], cwd=REPO, env=env1, capture_output=True,
+                         text=True, timeout=1200)
+    assert ref.returncode == 0, ref.stderr[-5000:]
+    split_reference = metric_rows(tmp_path / "split")
     home = tmp_path / "home"
     home.mkdir()
     before = {p.pid for p in psutil.Process().children(recursive=True)}  # e.g. the module's 2-node cluster
@@ -259,12 +279,9 @@ def test_groups_of_two_hosts_each_form_their_own_world_and_equal_the_split_run(s
     try:
         env = {**ray_process_env(home), "RAY_ADDRESS": c.address}
         env.pop("JAXRL_LOCAL_DEVICE_COUNT", None)
-        args = [*[a for a in HYBRID if not a.startswith(("trainer.nnodes", "trainer.n_gpus_per_node",
-                                                         "actor_rollout_ref.rollout.nnodes",
-                                                         "actor_rollout_ref.rollout.n_gpus"))],
+        args = [*PPO, "trainer.mesh.fsdp=2", "trainer.launcher=ray", "trainer.ray.placement_timeout_s=120",
                 "trainer.nnodes=2", "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.nnodes=2",
-                "actor_rollout_ref.rollout.n_gpus_per_node=1", f"trainer.total_training_steps={STEPS}",
-                f"trainer.default_local_dir={tmp_path / 'run'}"]
+                "actor_rollout_ref.rollout.n_gpus_per_node=1", f"trainer.default_local_dir={tmp_path / 'run'}"]
         with driver_process(args, env) as (proc, read):
             rc = proc.wait(timeout=1500)
             stdout, stderr = read()
@@ -279,7 +296,8 @@ def test_groups_of_two_hosts_each_form_their_own_world_and_equal_the_split_run(s
     assert len(nodes) == 4 and len(set(nodes)) == 4, nodes  # four members, each on its own node
     assert "train group data=1 x fsdp=2 x tensor=1 on devices" in stderr
     rows = metric_rows(tmp_path / "run")
-    assert [r["step"] for r in rows] == list(range(STEPS + 1))
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    assert all("critic/vf_loss" in r for r in rows)
     for got, want in zip(rows, split_reference):
         assert_equal_metrics(_without_sync(got), _without_sync(want))
     assert wait_gone(everything, 30) == []
