@@ -253,7 +253,8 @@ class RolloutConfig:
     nnodes: int = 0
     n_gpus_per_node: int = 0
     gpu_memory_utilization: float = 0.5  # vLLM: fraction of GPU memory for weights + KV cache
-    update_weights_timeout_s: float = 600.0  # jaxrl/vLLM: seconds one weight sync may take before it fails
+    update_weights_timeout_s: float = 600.0  # jaxrl: seconds one weight sync may take before it fails (vLLM; the
+    # hybrid controller's sync across worlds)
     # vLLM on CUDA: sleep after each rollout (KV cache freed, weights offloaded to host) so the trainer's update has
     # the memory, wake before the next sync/rollout. vLLM's CPU platform has no sleep mode: there only the prefix
     # cache is reset after each sync. The jax sampler allocates its KV cache per call and ignores it.

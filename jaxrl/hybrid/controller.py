@@ -136,7 +136,8 @@ def build_hybrid(cfg, start=start_groups):
                        reward=reward, experience=experience, train_data=train_data, val_rows=val_examples,
                        logger=logger, out_dir=out_dir, total_training_steps=total, store=store,
                        model_meta=built["model_meta"], critic=critic, placement=placement,
-                       weight_sync=RemoteWeightSync(rollout, engine))
+                       weight_sync=RemoteWeightSync(rollout, engine,
+                                                    timeout_s=cfg.actor_rollout_ref.rollout.update_weights_timeout_s))
         return dataclasses.replace(c, lock=lock, resume_from=resume_from), groups
     except BaseException:
         if groups is not None:

@@ -26,7 +26,7 @@ from typing import Any
 
 log = logging.getLogger("jaxrl")
 
-__all__ = ["GroupFailure", "HybridGroups", "WorkerGroup"]
+__all__ = ["GroupFailure", "GroupTimeout", "HybridGroups", "WorkerGroup"]
 
 POLL_S = 0.5  # how often a waiting call wakes up to check the members
 PING_EVERY_S = 2.0  # how often the members are pinged while a call waits
@@ -43,6 +43,10 @@ class GroupFailure(RuntimeError):
     def __init__(self, group: str, rank: int, where: str, reason: str):
         self.group, self.rank, self.where, self.reason = group, rank, where, reason
         super().__init__(f"the {group} group's member {rank} ({where}) {reason}; every group was stopped")
+
+
+class GroupTimeout(TimeoutError):
+    """A call to a group did not finish within its time limit (the members answer pings: they are alive, busy)."""
 
 
 @dataclasses.dataclass
@@ -112,17 +116,22 @@ class WorkerGroup:
     def describe(self) -> str:
         return f"{self.name} group: {self.pool.describe()}"
 
-    def call(self, method: str, *args, **kwargs) -> Any:
+    def call(self, method: str, *args, timeout_s: float | None = None, **kwargs) -> Any:
         """Run ``method(*args, **kwargs)`` on every member (one-to-all); the primary's (rank 0) result.
+
+        Args:
+          timeout_s: seconds the call may take (None: no limit; the members' liveness is checked meanwhile).
 
         Raises:
           GroupFailure: a member of any group died or stopped answering meanwhile.
+          GroupTimeout: ``timeout_s`` passed first (the members may still be running it).
           Exception: what the method raised in a member (its own type).
         """
         refs = [getattr(m.handle, method).remote(*args, **kwargs) for m in self.members]
-        return self._wait(refs, [m.handle for m in self.members])[0]
+        return self._wait(refs, [m.handle for m in self.members], call_timeout_s=timeout_s, what=method)[0]
 
-    def _wait(self, refs: list, handles: list, timeout_s: float | None = None) -> list:
+    def _wait(self, refs: list, handles: list, timeout_s: float | None = None, *, call_timeout_s: float | None = None,
+              what: str = "") -> list:
         import ray
         from ray.exceptions import RayActorError, RayTaskError
 
@@ -132,6 +141,8 @@ class WorkerGroup:
             _, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
             if timeout_s is not None and time.monotonic() - t0 > timeout_s:
                 raise GroupFailure(self.name, 0, "starting", f"did not start within {timeout_s:g} s")
+            if pending and call_timeout_s is not None and time.monotonic() - t0 > call_timeout_s:
+                raise GroupTimeout(f"the {self.name} group's {what} did not finish within {call_timeout_s:g} s")
             if pending and self.peers is not None and time.monotonic() - last_ping > PING_EVERY_S:
                 self.peers.check_alive()
                 last_ping = time.monotonic()

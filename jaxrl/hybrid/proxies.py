@@ -150,14 +150,30 @@ class RemoteWeightSync:
     its previous weights); a member lost meanwhile is a :class:`~jaxrl.hybrid.groups.GroupFailure`.
     """
 
-    def __init__(self, group, engine: RemoteRollout):
-        self.group, self.engine = group, engine
+    def __init__(self, group, engine: RemoteRollout, timeout_s: float | None = None):
+        self.group, self.engine, self.timeout_s = group, engine, timeout_s
         self.num_syncs = 0
         self.reports: list[HybridSyncReport] = []
 
     def sync(self, weights: WeightCopy) -> HybridSyncReport:
+        """Move ``weights`` into the rollout group's engine.
+
+        Raises:
+          WeightSyncError: the rollout group's load failed (its own error) or did not finish within ``timeout_s``
+            (``actor_rollout_ref.rollout.update_weights_timeout_s``); the engine then keeps (or, timed out, may still
+            be loading) the previous weights, and the run stops: never a rollout on stale weights.
+          GroupFailure: a member of a group was lost meanwhile.
+        """
+        from jaxrl.hybrid.groups import GroupTimeout
+        from jaxrl.rollout.base import WeightSyncError
+
         t0 = time.perf_counter()
-        loaded = self.group.call("update_weights", weights.ref[0])  # a top-level ref: resolved in the member
+        try:  # a top-level ref: Ray resolves it in each member (the copy moves node to node)
+            loaded = self.group.call("update_weights", weights.ref[0], timeout_s=self.timeout_s)
+        except GroupTimeout as e:
+            raise WeightSyncError(f"weight sync #{self.num_syncs + 1} across worlds into {self.engine.engine_name}: "
+                                  f"{e} (actor_rollout_ref.rollout.update_weights_timeout_s); the run stops rather "
+                                  "than generate with stale weights") from None
         self.num_syncs += 1
         report = HybridSyncReport(bytes_moved=weights.bytes, seconds=weights.gather_s + time.perf_counter() - t0,
                                   num_tensors=weights.tensors, gather_s=weights.gather_s, load_s=loaded["load_s"])

@@ -1,7 +1,8 @@
 """Worker groups on a real 2-node Ray cluster on loopback (tests/ray_backend/raykit.py), with members that import no
 jax (tests/hybrid/toy_worker.py): one member per node, one-to-all calls return the primary's answer, a member's
 exception comes back as itself, a member killed in one group ends a call waiting on the other group within seconds
-naming the group and its host, and shutting the groups down leaves none of their processes."""
+naming the group and its host, a call past its time limit raises GroupTimeout, and shutting the groups down leaves
+none of their processes."""
 
 from __future__ import annotations
 
@@ -55,6 +56,17 @@ def test_a_members_exception_comes_back_as_itself(groups):
     with pytest.raises(ValueError, match="bad value 7"):
         groups["train"].call("boom", 7)
     assert groups["train"].call("sleep", 0.01) == 0.01  # the member is still there
+
+
+def test_a_call_past_its_time_limit_raises_group_timeout(groups):
+    from jaxrl.hybrid.groups import GroupTimeout
+
+    t0 = time.monotonic()
+    with pytest.raises(GroupTimeout, match=r"the train group's sleep did not finish within 0.5 s"):
+        groups["train"].call("sleep", 2.0, timeout_s=0.5)
+    assert time.monotonic() - t0 < 2.0
+    time.sleep(2.0)  # the member finishes its sleep (it was alive and busy, not lost)
+    assert groups["train"].call("sleep", 0.01) == 0.01
 
 
 def test_a_killed_member_of_the_other_group_ends_a_waiting_call_naming_it_and_nothing_is_left(groups):

@@ -94,8 +94,9 @@ class FakeGroup:
     def __init__(self, **answers):
         self.calls, self.answers = [], answers
 
-    def call(self, method, *args):
+    def call(self, method, *args, timeout_s=None):
         self.calls.append((method, args))
+        self.timeouts = getattr(self, "timeouts", []) + [timeout_s]
         a = self.answers.get(method)
         return a(*args) if callable(a) else a
 
@@ -131,3 +132,20 @@ def test_the_stand_ins_turn_each_trainer_call_into_one_group_call():
     assert rollout.calls[-1] == ("update_weights", ("REF",))  # the object ref itself: Ray resolves it in the member
     assert (report.bytes_moved, report.num_tensors, report.gather_s, report.load_s) == (1234, 5, 0.25, 0.5)
     assert report.seconds >= 0.25 and sync.num_syncs == 1 and sync.reports == [report]
+
+
+def test_a_sync_that_times_out_is_a_weight_sync_error_never_stale_weights():
+    from jaxrl.hybrid.groups import GroupTimeout
+    from jaxrl.hybrid.proxies import RemoteRollout, RemoteWeightSync, WeightCopy
+    from jaxrl.rollout.base import WeightSyncError
+
+    def stuck(ref):
+        raise GroupTimeout("the rollout group's update_weights did not finish within 600 s")
+
+    rollout = FakeGroup(update_weights=stuck)
+    engine = RemoteRollout(rollout, {"engine": "jax sampler", "mesh": "tensor=2"})
+    sync = RemoteWeightSync(rollout, engine, timeout_s=600.0)
+    with pytest.raises(WeightSyncError, match=r"weight sync #1 across worlds into jax sampler in the rollout group .* "
+                                              r"did not finish within 600 s .*update_weights_timeout_s"):
+        sync.sync(WeightCopy(ref=["REF"], bytes=1, tensors=1, gather_s=0.0))
+    assert rollout.timeouts == [600.0] and sync.num_syncs == 0
