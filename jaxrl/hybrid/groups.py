@@ -194,6 +194,8 @@ class HybridGroups:
         from ray.exceptions import RayActorError
 
         pings = [(g, rank, ref) for g in self.groups.values() for rank, ref in g.ping_refs()]
+        if not pings:  # no group has its members yet (both still starting)
+            return
         ready, _ = ray.wait([r for _, _, r in pings], num_returns=len(pings), timeout=PING_TIMEOUT_S)
         ready = set(ready)
         for g, rank, ref in pings:
