@@ -154,7 +154,11 @@ def run_hybrid(cfg) -> dict[str, float]:
       GroupFailure: a member of a group died or stopped answering (every group is killed first).
       and what :func:`jaxrl.trainer.run_training` raises (config, data, model, checkpoint, reward errors).
     """
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the driver computes nothing on devices: host work only
+    import jax
+
+    # the driver computes nothing on devices (host work only) and must not take a GPU from the groups; this process
+    # only: the members get the environment's JAX_PLATFORMS, if the user set one (start_groups)
+    jax.config.update("jax_platforms", "cpu")
     from jaxrl.loop import setup_run_logging
     from jaxrl.metrics import plot_rewards
     from jaxrl.trainer import Trainer
