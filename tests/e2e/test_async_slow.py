@@ -1,6 +1,8 @@
 """The asynchronous pipeline end to end (``pytest -m slow``; jaxrl.async_rollout, ``async_training.staleness``).
 
-- Exact resume of in-flight state, k = 1 and 2, and 2 with partial rollouts: the quickstart (real stories260K, 8 steps, a checkpoint every 2) is
+- Exact resume of in-flight state, k = 1, and k = 2 with partial rollouts (the buffer of k = 2 without partial
+  rollouts, two finished batches, is resumed exactly in tests/test_async_rollout.py with a fake engine; its real run
+  was dropped here for CI time): the quickstart (real stories260K, 8 steps, a checkpoint every 2) is
   SIGKILLed right after its step-4 checkpoint, while step 5 trains and batch 4 + k + 1 generates; the rerun resumes
   from step 4 with batches 5 .. 4 + k from the checkpoint, generates batch 4 + k + 1 again, and logs for steps 5-8
   the metrics of the uninterrupted async run (within the resume tests' fp32 tolerance, rel 1e-4: the same programs
@@ -43,7 +45,7 @@ def run(out_dir: Path, k: int, partial: bool = False) -> subprocess.CompletedPro
     return proc
 
 
-@pytest.mark.parametrize("k, partial", [(1, False), (2, False), (2, True)], ids=["k1", "k2", "k2-partial"])
+@pytest.mark.parametrize("k, partial", [(1, False), (2, True)], ids=["k1", "k2-partial"])
 def test_sigkill_while_the_next_batch_generates_resumes_exactly(shared, tmp_path, k, partial):
     """Partial rollouts (k = 2): each batch is generated in two stages of 24 tokens, the first with the weights of
     step b - 3, the second with those of step b - 2, so the trained batch's tokens lag 2 and 1 versions (mean 1.5 once
