@@ -2,7 +2,7 @@
 
 Hybrid: a 2-node Ray cluster on loopback in this process (the tests' ``LocalCluster``: 1 CPU per node), the train
 group (2 simulated CPU devices, ``trainer.mesh.fsdp=2``) on one node and the rollout group (2 devices, the embedded
-sampler tensor-parallel 2) on the other, built by :func:`jaxrl.hybrid.controller.build_hybrid`; each sync is the
+sampler tensor-parallel 2) on the other, built by :func:`jaxrl.hybrid.controller.hybrid_run`; each sync is the
 run's own ``RemoteWeightSync.sync(actor.merged_params())``: the train group gathers its weights to host memory and
 puts them into Ray's object store, the rollout group receives them from the other node's store and loads them
 through its translator. Reported: bytes, and the seconds of the whole sync and of its parts.
@@ -54,23 +54,18 @@ def hybrid(model: str, syncs: int) -> dict:
     """The sync across worlds on a 2-node loopback cluster (module docstring)."""
     import ray
 
-    from jaxrl.hybrid.controller import build_hybrid
+    from jaxrl.hybrid.controller import hybrid_run
     from tests.ray_backend.raykit import LocalCluster
 
     home = Path(tempfile.mkdtemp(prefix="hybrid_sync_home_"))
     cluster = LocalCluster(home, [{"num_cpus": 1}, {"num_cpus": 1}])
-    groups = None
     try:
         ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
         cfg = _cfg(model, ["trainer.launcher=ray", "actor_rollout_ref.rollout.nnodes=1",
                            "actor_rollout_ref.rollout.n_gpus_per_node=2"], tempfile.mkdtemp(prefix="hybrid_sync_"))
-        c, groups = build_hybrid(cfg)
-        reports = [c.weight_sync.sync(c.actor.merged_params()) for _ in range(syncs + 1)][1:]
-        c.store.close()
-        c.lock.release()
+        with hybrid_run(cfg) as (c, _):
+            reports = [c.weight_sync.sync(c.actor.merged_params()) for _ in range(syncs + 1)][1:]
     finally:
-        if groups is not None:
-            groups.shutdown()
         ray.shutdown()
         cluster.shutdown()
     med = lambda key: statistics.median(getattr(r, key) for r in reports)  # noqa: E731

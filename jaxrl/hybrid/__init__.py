@@ -11,7 +11,7 @@ own on its own resource pool:
 * :mod:`jaxrl.hybrid.proxies`: the driver's stand-ins for the roles, the engine and the weight sync (each call an
   RPC; weights through Ray's object store);
 * :mod:`jaxrl.hybrid.controller`: :func:`run_hybrid` (``python -m jaxrl.train`` calls it), :func:`build_hybrid`,
-  :func:`start_groups`.
+  :func:`hybrid_run` (build + teardown), :func:`start_groups`.
 
 Ray is imported only inside the functions that need it (the ``ray`` extra); ``jaxrl.train`` imports this package
 only once the config chose a rollout pool.

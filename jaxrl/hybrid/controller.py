@@ -23,6 +23,7 @@ the driver exits 1 naming the group and its host; the same command resumes from 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -30,7 +31,7 @@ from pathlib import Path
 
 log = logging.getLogger("jaxrl")
 
-__all__ = ["build_hybrid", "run_hybrid", "start_groups"]
+__all__ = ["build_hybrid", "hybrid_run", "run_hybrid", "start_groups"]
 
 
 def start_groups(cfg, *, cwd: str | None = None):
@@ -146,6 +147,20 @@ def build_hybrid(cfg, start=start_groups):
         raise
 
 
+@contextlib.contextmanager
+def hybrid_run(cfg, start=start_groups):
+    """``with hybrid_run(cfg) as (components, groups):`` :func:`build_hybrid`, and at the end of the block every
+    member killed and the placement groups removed (nothing of the run left on the cluster), the checkpoint store
+    closed and the run lock released, also on errors."""
+    c, groups = build_hybrid(cfg, start)
+    try:
+        yield c, groups
+    finally:
+        groups.shutdown()
+        c.store.close()
+        c.lock.release()
+
+
 def run_hybrid(cfg) -> dict[str, float]:
     """Start the groups, build, train, write the reward plot, export the final model (in the train group), end the
     groups; returns the last metrics.
@@ -165,8 +180,7 @@ def run_hybrid(cfg) -> dict[str, float]:
 
     setup_run_logging()
     t0 = time.perf_counter()
-    c, groups = build_hybrid(cfg)
-    try:
+    with hybrid_run(cfg) as (c, groups):
         log.info("run: %d steps, %d prompts x n=%d per step, output in %s", c.total_training_steps,
                  cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n, c.out_dir)
         trainer = Trainer(c)
@@ -182,7 +196,3 @@ def run_hybrid(cfg) -> dict[str, float]:
         log.info("final model exported to %s (by the train group); done in %.1f s", c.out_dir / "hf_model",
                  time.perf_counter() - t0)
         return last
-    finally:
-        groups.shutdown()  # every member killed, the placement groups removed: nothing left on the cluster
-        c.store.close()
-        c.lock.release()

@@ -67,12 +67,6 @@ class _Member:
         """Answered from the member's second thread while a phase runs: the driver's liveness check."""
         return True
 
-    def memory_gb(self) -> float:
-        """This member's resident set size in GB (``perf/cpu_memory_used_gb`` of its process)."""
-        import psutil
-
-        return psutil.Process().memory_info().rss / 1e9
-
     def _join(self, cfg, group: str):
         """Join this group's world (one host: nothing to join, the CPU devices set; several: ``jax.distributed``
         with the group's own coordinator) with :func:`group_config`; returns that config."""
@@ -127,13 +121,15 @@ class TrainWorker(_Member):
             loader's errors (``ModelFileError``, ``FileNotFoundError``).
         """
         from jaxrl import build
-        from jaxrl.workers.placement import placement_from_config
+        from jaxrl.workers.placement import describe_mesh, placement_from_config
 
         cfg = self.cfg = self._join(cfg, "train")
         self.placement = placement_from_config(cfg)  # the train mesh over this world's devices (None: one device)
         self.pre, self.tokenizer = build._load_policy(cfg.actor_rollout_ref.model)
         build._check_context_lengths(cfg, self.pre.config)
-        return {"tokenizer": self.tokenizer, "model_cfg": self.pre.config, "placement": _train_mesh(self.placement)}
+        # its placement's rollout mesh (over the same devices) is unused here: only the train mesh is described
+        mesh = "one device" if self.placement is None else describe_mesh(self.placement.train_mesh)
+        return {"tokenizer": self.tokenizer, "model_cfg": self.pre.config, "placement": mesh}
 
     def build(self, total_training_steps: int) -> dict[str, Any]:
         """Build the roles as :func:`jaxrl.build.build` does (LoRA, the reference, the critic).
@@ -225,15 +221,6 @@ class TrainWorker(_Member):
         export_final_model(c, base_model_path=self.cfg.actor_rollout_ref.model.path)
 
 
-def _train_mesh(placement) -> str:
-    """``train data=1 x fsdp=2 x tensor=1 on devices [0, 1]`` (the group's train mesh; its placement's rollout mesh
-    over the same devices is unused here), or ``one device`` without ``trainer.mesh``."""
-    if placement is None:
-        return "one device"
-    m = placement.train_mesh
-    return " x ".join(f"{a}={m.shape[a]}" for a in m.axis_names) + f" on devices {[d.id for d in m.devices.flat]}"
-
-
 class RolloutWorker(_Member):
     """The rollout group's member: the rollout engine on a rollout mesh over its world's devices.
 
@@ -259,7 +246,7 @@ class RolloutWorker(_Member):
 
         from jaxrl.distributed import to_global
         from jaxrl.rollout.factory import start_rollout
-        from jaxrl.workers.placement import make_placement
+        from jaxrl.workers.placement import describe_mesh, make_placement
         from sharding import param_shardings
 
         cfg = self._join(cfg, "rollout")
@@ -273,9 +260,8 @@ class RolloutWorker(_Member):
         self.weight_sync = start_rollout(cfg, model_cfg, graphdef, to_global(weights, self.shardings), tokenizer,
                                          mesh=self.mesh, rules=placement.rollout_rules)
         self.engine = self.weight_sync.engine
-        mesh = " x ".join(f"{a}={self.mesh.shape[a]}" for a in self.mesh.axis_names)
         return {"engine": str(getattr(self.engine, "engine_name", None) or type(self.engine).__name__),
-                "mesh": f"{mesh} on devices {[d.id for d in self.mesh.devices.flat]}",
+                "mesh": describe_mesh(self.mesh),
                 "eos_token_ids": tuple(getattr(self.engine, "eos_token_ids", ()))}
 
     def generate(self, prompt_ids, sampling_params):
@@ -284,7 +270,7 @@ class RolloutWorker(_Member):
 
     def update_weights(self, weights) -> dict[str, float]:
         """Load a weight copy (an ``nnx.State`` of numpy arrays, resolved by Ray from the train group's object
-        store) through the run's :class:`WeightSync`; ``{"load_s", "translated_bytes"}``.
+        store) through the run's :class:`WeightSync`; ``{"load_s"}``: its seconds here.
 
         Raises:
           WeightSyncError: a tree that differs from the engine's, a failed translation or load (the engine keeps
@@ -293,5 +279,5 @@ class RolloutWorker(_Member):
         from jaxrl.distributed import to_global
 
         t0 = time.perf_counter()
-        report = self.weight_sync.sync(to_global(weights, self.shardings))
-        return {"load_s": time.perf_counter() - t0, "translated_bytes": int(report.bytes_moved)}
+        self.weight_sync.sync(to_global(weights, self.shardings))
+        return {"load_s": time.perf_counter() - t0}

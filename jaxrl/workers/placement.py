@@ -50,6 +50,7 @@ __all__ = [
     "PLACEMENTS",
     "Placement",
     "batch_shards",
+    "describe_mesh",
     "jit_sharded",
     "make_placement",
     "placement_from_config",
@@ -92,11 +93,13 @@ class Placement:
 
     def describe(self) -> str:
         """One line for the run log, e.g. ``colocated: train data=2 x fsdp=2 x tensor=2 on devices [0..7]; ...``."""
-        def mesh_s(m: Mesh) -> str:
-            ids = [d.id for d in m.devices.flat]
-            return " x ".join(f"{a}={m.shape[a]}" for a in m.axis_names) + f" on devices {ids}"
+        return f"{self.kind}: train {describe_mesh(self.train_mesh)}; rollout {describe_mesh(self.rollout_mesh)}"
 
-        return f"{self.kind}: train {mesh_s(self.train_mesh)}; rollout {mesh_s(self.rollout_mesh)}"
+
+def describe_mesh(mesh: Mesh) -> str:
+    """``data=1 x fsdp=2 x tensor=1 on devices [0, 1]``: a mesh's axes and device ids, for logs."""
+    axes = " x ".join(f"{a}={mesh.shape[a]}" for a in mesh.axis_names)
+    return f"{axes} on devices {[d.id for d in mesh.devices.flat]}"
 
 
 def batch_shards(mesh: Mesh, rules: Rules) -> int:

@@ -122,7 +122,7 @@ def test_the_stand_ins_turn_each_trainer_call_into_one_group_call():
     assert [c[0] for c in train.calls[:3]] == ["compute_log_probs"] * 2 + ["compute_values"]
     assert train.calls[1][1][0] == "ref"
 
-    rollout = FakeGroup(update_weights={"load_s": 0.5, "translated_bytes": 99}, generate=lambda p, sp: ("OUT", p, sp))
+    rollout = FakeGroup(update_weights={"load_s": 0.5}, generate=lambda p, sp: ("OUT", p, sp))
     engine = RemoteRollout(rollout, {"engine": "jax sampler", "mesh": "data=1 x fsdp=1 x tensor=2 on devices [0, 1]",
                                      "eos_token_ids": (2,)})
     assert engine.generate([[1, 2]], "SP") == ("OUT", [[1, 2]], "SP")

@@ -138,15 +138,13 @@ def test_after_a_sync_the_rollout_groups_greedy_tokens_are_the_train_groups_mode
     """Through the Python API in this process, with LoRA (the merged policy crosses) and the JetStream engine in the
     rollout group: one training step (update + sync), then greedy generation in the rollout group against the same
     prompts on the train group's weights, run here by the embedded sampler on one device."""
-    import dataclasses
-
     import jax
     import numpy as np
     import ray
     from flax import nnx
 
     from jaxrl.config import load_config
-    from jaxrl.hybrid.controller import build_hybrid
+    from jaxrl.hybrid.controller import hybrid_run as hybrid_components  # (this module's fixture is hybrid_run)
     from jaxrl.models import load_pretrained
     from jaxrl.rollout.base import SamplingParams
     from jaxrl.rollout.factory import make_rollout_engine
@@ -160,41 +158,36 @@ def test_after_a_sync_the_rollout_groups_greedy_tokens_are_the_train_groups_mode
                                                   "actor_rollout_ref.model.lora_alpha=16",
                                                   "actor_rollout_ref.rollout.name=jetstream"])
     ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
-    groups = None
     try:
-        c, groups = build_hybrid(cfg)
-        trainer = Trainer(c)
-        c.reward.start()
-        try:
-            trainer.step = 1
-            metrics = trainer.train_step()  # gen, reward, log-probs, update, sync
-        finally:
-            c.reward.close()
-        assert metrics["sync/bytes"] > 0
-        weights = ray.get(c.actor.merged_params().ref[0])  # the train group's weights now, as a host copy
-        pre = load_pretrained("stories260K")
-        graphdef, initial = nnx.split(pre.model)
-        changed = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(weights), jax.tree.leaves(initial))]
-        assert any(changed)  # the step updated the adapters: the merged weights below are trained ones
-        assert "JetStream" in c.rollout.engine_name or "jetstream" in c.rollout.engine_name.lower()
-        prompts = [row["prompt_ids"] for row in c.val_rows[:6]]
-        sp = SamplingParams(max_new_tokens=24, do_sample=False, n=1, seed=0)
-        remote = c.rollout.generate(prompts, sp)
-        local_engine = make_rollout_engine(cfg, c.model_cfg, graphdef, jax.device_put(weights, jax.devices()[0]),
-                                           c.tokenizer)
-        local = local_engine.generate(prompts, sp)
-        np.testing.assert_array_equal(remote.response_ids, local.response_ids)
-        np.testing.assert_array_equal(remote.response_mask, local.response_mask)
-        np.testing.assert_allclose(remote.rollout_log_probs, local.rollout_log_probs, atol=1e-4)
-        report = c.weight_sync.reports[-1]
-        assert report.bytes_moved == sum(x.nbytes for x in jax.tree.leaves(weights))
-        assert report.seconds > 0 and report.num_tensors == len(jax.tree.leaves(weights))
-        assert dataclasses.asdict(report)["load_s"] > 0
-        c.store.close()
-        c.lock.release()
+        with hybrid_components(cfg) as (c, _):
+            trainer = Trainer(c)
+            c.reward.start()
+            try:
+                trainer.step = 1
+                metrics = trainer.train_step()  # gen, reward, log-probs, update, sync
+            finally:
+                c.reward.close()
+            assert metrics["sync/bytes"] > 0
+            weights = ray.get(c.actor.merged_params().ref[0])  # the train group's weights now, as a host copy
+            pre = load_pretrained("stories260K")
+            graphdef, initial = nnx.split(pre.model)
+            changed = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(weights), jax.tree.leaves(initial))]
+            assert any(changed)  # the step updated the adapters: the merged weights below are trained ones
+            assert "JetStream" in c.rollout.engine_name or "jetstream" in c.rollout.engine_name.lower()
+            prompts = [row["prompt_ids"] for row in c.val_rows[:6]]
+            sp = SamplingParams(max_new_tokens=24, do_sample=False, n=1, seed=0)
+            remote = c.rollout.generate(prompts, sp)
+            local_engine = make_rollout_engine(cfg, c.model_cfg, graphdef, jax.device_put(weights, jax.devices()[0]),
+                                               c.tokenizer)
+            local = local_engine.generate(prompts, sp)
+            np.testing.assert_array_equal(remote.response_ids, local.response_ids)
+            np.testing.assert_array_equal(remote.response_mask, local.response_mask)
+            np.testing.assert_allclose(remote.rollout_log_probs, local.rollout_log_probs, atol=1e-4)
+            report = c.weight_sync.reports[-1]
+            assert report.bytes_moved == sum(x.nbytes for x in jax.tree.leaves(weights))
+            assert report.seconds > 0 and report.num_tensors == len(jax.tree.leaves(weights))
+            assert report.load_s > 0
     finally:
-        if groups is not None:
-            groups.shutdown()
         ray.shutdown()
     assert wait_gone(_run_processes(cluster), 30) == []
 
