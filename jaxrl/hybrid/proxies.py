@@ -111,15 +111,30 @@ class WeightCopy:
 
 
 class RemoteRollout:
-    """The rollout engine in the rollout group: ``generate`` as :class:`jaxrl.rollout.base.RolloutEngine`."""
+    """The rollout engine in the rollout group: ``generate`` as :class:`jaxrl.rollout.base.RolloutEngine`.
+
+    A group that is one JAX world gets each call whole (one-to-all: the mesh shards the rows). A group of independent
+    engines (vLLM per host, ``group.own_world`` False) gets each call split by data-parallel rank: member ``k`` samples
+    a contiguous share of the prompts, with the seeds of its rows in the whole batch, and the shares are merged back
+    in order (:mod:`jaxrl.hybrid.dispatch`).
+    """
 
     def __init__(self, group, info: dict):
         self.group = group
         self.engine_name = f"{info['engine']} in the rollout group ({info['mesh']})"
         self.eos_token_ids = tuple(info.get("eos_token_ids", ()))
+        self.pad_token_id = int(info.get("pad_token_id", 0))
+        self.split = not getattr(group, "own_world", True) and len(getattr(group, "members", ())) > 1
 
     def generate(self, prompt_ids, sampling_params):
-        return self.group.call("generate", prompt_ids, sampling_params)
+        if not self.split:
+            return self.group.call("generate", prompt_ids, sampling_params)
+        from jaxrl.hybrid.dispatch import merge_outputs, split_prompts
+
+        ranges = [(a, b) for a, b in split_prompts(len(prompt_ids), len(self.group.members)) if b > a]
+        outs = self.group.call_each("generate", [(list(prompt_ids[a:b]), sampling_params, a * sampling_params.n)
+                                                 for a, b in ranges])
+        return merge_outputs(outs, first_prompts=[a for a, _ in ranges], pad_token_id=self.pad_token_id)
 
 
 @dataclasses.dataclass(frozen=True)

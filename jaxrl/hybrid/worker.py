@@ -10,7 +10,8 @@ to the other group goes through Ray's object store.
   asks for. Its weights leave it as one host copy put into the object store (:meth:`TrainWorker.weights`).
 * :class:`RolloutWorker` (the rollout group) starts the run's rollout engine (the embedded sampler or the JetStream
   engine) on a rollout mesh over its own devices and loads each weight copy through the translator
-  (:class:`jaxrl.rollout.weight_sync.WeightSync`, the ``"jax"`` plan onto that mesh).
+  (:class:`jaxrl.rollout.weight_sync.WeightSync`, the ``"jax"`` plan onto that mesh); with vLLM, each member is an
+  engine of its own on its host (vLLM per host; the ``"hf"`` plan on the host CPU).
 
 Nothing here imports Ray at import time; jax is imported only once the worker has applied its environment
 (``JAXRL_LOCAL_DEVICE_COUNT`` for simulated CPU devices, ``JAXRL_SHARED``, ...).
@@ -53,6 +54,10 @@ class _Member:
 
         return free_port_on_node()
 
+    def set_rank(self, rank: int) -> None:
+        """This member's rank in its group (names its own files, e.g. a vLLM member's model folder)."""
+        self.rank = rank
+
     def set_world(self, coordinator: str, num_processes: int, process_id: int) -> None:
         """Make this member process ``process_id`` of its group's world of ``num_processes`` (several hosts): the
         :mod:`jaxrl.distributed` env contract, read when :meth:`_join` initializes; the coordinator listens on its
@@ -86,7 +91,9 @@ def group_config(cfg, group: str):
     its copy names the embedded engine and no staleness (what :func:`jaxrl.distributed.check_world` refuses of a
     world of several processes does not apply to them). ``rollout``: the world's size is the rollout pool's
     (``trainer.nnodes`` / ``n_gpus_per_node`` := ``actor_rollout_ref.rollout.nnodes`` / ``n_gpus_per_node``), and its
-    mesh is the rollout mesh (:meth:`RolloutWorker.start`), so ``trainer.mesh`` spans the world's devices.
+    mesh is the rollout mesh (:meth:`RolloutWorker.start`), so ``trainer.mesh`` spans the world's devices; with vLLM
+    each member is a world of its own (one host: ``trainer.nnodes`` := 1; vLLM places its weights on its GPUs, the
+    member's JAX only translates weights on the host).
     """
     import copy
 
@@ -97,7 +104,7 @@ def group_config(cfg, group: str):
     if group == "train":
         r.name = "jax"
     else:
-        g.trainer.nnodes, g.trainer.n_gpus_per_node = r.nnodes, r.n_gpus_per_node
+        g.trainer.nnodes, g.trainer.n_gpus_per_node = (1 if r.name == "vllm" else r.nnodes), r.n_gpus_per_node
         g.trainer.mesh.data, g.trainer.mesh.fsdp, g.trainer.mesh.tensor = -1, 1, 1
     return g
 
@@ -222,7 +229,8 @@ class TrainWorker(_Member):
 
 
 class RolloutWorker(_Member):
-    """The rollout group's member: the rollout engine on a rollout mesh over its world's devices.
+    """The rollout group's member: the rollout engine on a rollout mesh over its world's devices, or (vLLM) its own
+    vLLM engine on its host's GPUs.
 
     Call order: :meth:`start` (with the train group's first weight copy) -> :meth:`generate` / :meth:`update_weights`.
     """
@@ -236,8 +244,15 @@ class RolloutWorker(_Member):
         devices hold, from its node's copy), then goes through the run's :class:`WeightSync` (its translator's
         ``"jax"`` plan, here from that layout to itself) into the engine (:func:`jaxrl.rollout.factory.start_rollout`).
 
+        vLLM (``rollout.name=vllm``, "vLLM per host"): every member is an engine of its own, in this process
+        (:class:`~jaxrl.rollout.vllm_engine.VllmEngine`, tensor-parallel over the GPUs Ray gave this member's bundle;
+        the member's JAX runs on the host CPU, ``JAX_PLATFORMS=cpu`` from the driver), its model folder
+        ``<trainer.default_local_dir>/vllm_rollout_<rank>``; each weight copy goes through the translator's ``"hf"``
+        plan on the host into vLLM. The driver splits each generate call's prompts across the members
+        (:mod:`jaxrl.hybrid.dispatch`).
+
         Returns:
-          ``{"engine", "mesh", "eos_token_ids"}``.
+          ``{"engine", "mesh", "eos_token_ids", "pad_token_id"}``.
 
         Raises:
           ConfigError: a tensor-parallel degree that does not divide this group's devices.
@@ -250,6 +265,18 @@ class RolloutWorker(_Member):
         from sharding import param_shardings
 
         cfg = self._join(cfg, "rollout")
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else model_cfg.eos_token_id[0]
+        if cfg.actor_rollout_ref.rollout.name == "vllm":
+            from pathlib import Path
+
+            cfg.trainer.default_local_dir = str(Path(cfg.trainer.default_local_dir) / f"vllm_rollout_{self.rank}")
+            Path(cfg.trainer.default_local_dir).mkdir(parents=True, exist_ok=True)
+            self.mesh, self.shardings = None, jax.devices()[0]  # host CPU: the hf plan's input
+            self.weight_sync = start_rollout(cfg, model_cfg, graphdef, jax.device_put(weights, self.shardings),
+                                             tokenizer)
+            self.engine = self.weight_sync.engine
+            return {"engine": str(self.engine.engine_name), "mesh": f"vLLM per host, member {self.rank}",
+                    "eos_token_ids": tuple(self.engine.eos_token_ids), "pad_token_id": int(pad)}
         devices = jax.devices()  # every process of this world
         placement = make_placement("colocated", {"data": len(devices), "fsdp": 1, "tensor": 1},
                                    rollout_tp=cfg.actor_rollout_ref.rollout.tensor_model_parallel_size)
@@ -262,10 +289,13 @@ class RolloutWorker(_Member):
         self.engine = self.weight_sync.engine
         return {"engine": str(getattr(self.engine, "engine_name", None) or type(self.engine).__name__),
                 "mesh": describe_mesh(self.mesh),
-                "eos_token_ids": tuple(getattr(self.engine, "eos_token_ids", ()))}
+                "eos_token_ids": tuple(getattr(self.engine, "eos_token_ids", ())), "pad_token_id": int(pad)}
 
-    def generate(self, prompt_ids, sampling_params):
-        """``engine.generate``: a :class:`~jaxrl.rollout.base.RolloutOutput` (numpy arrays)."""
+    def generate(self, prompt_ids, sampling_params, first_row: int = 0):
+        """``engine.generate``: a :class:`~jaxrl.rollout.base.RolloutOutput` (numpy arrays). ``first_row``: this
+        member's share of the call starts at that row of the whole batch (vLLM per host; its rows' seeds)."""
+        if first_row:
+            return self.engine.generate(prompt_ids, sampling_params, first_row=first_row)
         return self.engine.generate(prompt_ids, sampling_params)
 
     def update_weights(self, weights) -> dict[str, float]:
@@ -279,5 +309,10 @@ class RolloutWorker(_Member):
         from jaxrl.distributed import to_global
 
         t0 = time.perf_counter()
-        self.weight_sync.sync(to_global(weights, self.shardings))
+        if self.mesh is None:  # vLLM: the hf plan translates on the host
+            import jax
+
+            self.weight_sync.sync(jax.device_put(weights, self.shardings))
+        else:
+            self.weight_sync.sync(to_global(weights, self.shardings))
         return {"load_s": time.perf_counter() - t0}

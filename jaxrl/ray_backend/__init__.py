@@ -105,9 +105,10 @@ def check_ray_launch(cfg, spec, environ: Mapping[str, str] | None = None) -> Non
     if uses_rollout_pool(cfg):  # two worlds: each group's, with the config it runs (the driver is no process of them)
         from jaxrl.hybrid.worker import group_config
 
-        for group, n in (("train", t.nnodes), ("rollout", cfg.actor_rollout_ref.rollout.nnodes)):
-            check_world(group_config(cfg, group), WorldSpec(mode="env" if n > 1 else "local", num_processes=n,
-                                                             process_id=0))
+        for group in ("train", "rollout"):
+            g = group_config(cfg, group)  # (vLLM per host: each rollout member is a world of one process)
+            n = g.trainer.nnodes
+            check_world(g, WorldSpec(mode="env" if n > 1 else "local", num_processes=n, process_id=0))
         return
     planned = WorldSpec(mode="env", num_processes=t.nnodes, process_id=0,
                         local_device_count=spec.local_device_count)
@@ -123,8 +124,6 @@ def uses_rollout_pool(cfg) -> bool:
 
 # what the hybrid controller does not run yet: (key, its value in cfg -> offending?, why)
 _HYBRID_REFUSALS = (
-    ("actor_rollout_ref.rollout.name", lambda c: c.actor_rollout_ref.rollout.name == "vllm",
-     "vLLM is not built into the rollout group yet; use rollout.name=jax or jetstream there"),
     ("reward_model.enable", lambda c: bool(c.reward_model.enable),
      "the reward model (and PRIME's implicit PRM) run on the train mesh of a single world; not built for the train "
      "group yet"),
@@ -164,6 +163,11 @@ def check_rollout_pool(cfg) -> None:
         raise ConfigError(f"trainer.placement={t.placement!r} / trainer.rollout_devices={t.rollout_devices!r} with "
                           f"{where}: the pool already splits rollout from training; leave trainer.placement="
                           "colocated and trainer.rollout_devices unset (trainer.mesh lays out the train group)")
+    if r.name == "vllm" and r.tensor_model_parallel_size > r.n_gpus_per_node:
+        raise ConfigError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={r.tensor_model_parallel_size} with "
+                          f"rollout.name=vllm and {where}: each rollout host runs its own vLLM engine over its "
+                          f"n_gpus_per_node={r.n_gpus_per_node} devices; use a tensor-parallel size <= "
+                          f"{r.n_gpus_per_node}")
     for key, offending, why in _HYBRID_REFUSALS:
         if offending(cfg):
             value = functools.reduce(getattr, key.split("."), cfg)

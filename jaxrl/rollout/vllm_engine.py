@@ -66,16 +66,19 @@ __all__ = ["VllmEngine", "WeightSyncError", "row_seeds"]
 log = logging.getLogger(__name__)
 
 
-def row_seeds(seed: int, rows: int) -> list[int]:
+def row_seeds(seed: int, rows: int, first_row: int = 0) -> list[int]:
     """Per-row vLLM seeds derived from one step seed: ``SeedSequence([seed, row])``'s first 32-bit word.
 
     Args:
       seed: the step seed, int in [0, 2**32).
       rows: number of response rows (N = prompts * n).
+      first_row: the index of the first of these rows in the whole batch (a data-parallel share of it).
     Returns:
-      ``rows`` ints in [0, 2**32); row r's seed depends only on (seed, r).
+      ``rows`` ints in [0, 2**32) for rows ``first_row .. first_row + rows - 1``; row r's seed depends only on
+      (seed, r).
     """
-    return [int(np.random.SeedSequence([int(seed), r]).generate_state(1)[0]) for r in range(rows)]
+    return [int(np.random.SeedSequence([int(seed), r]).generate_state(1)[0])
+            for r in range(first_row, first_row + rows)]
 
 
 def _refresh_tied_lm_head(worker) -> bool:
@@ -370,7 +373,7 @@ class VllmEngine:
         )
 
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams, *, rng_seed: int | None = None
+        self, prompts: list[list[int]], params: SamplingParams, *, rng_seed: int | None = None, first_row: int = 0
     ) -> RolloutOutput:
         """Sample ``params.n`` responses per token-id prompt with vLLM.
 
@@ -378,6 +381,9 @@ class VllmEngine:
           prompts: token-id lists of length 0..max_prompt_length (empty = ``[bos_token_id]``).
           params: :class:`SamplingParams`; ``max_new_tokens`` <= ``max_response_length``.
           rng_seed: the step seed (overrides ``params.seed``), in [0, 2**32); row r uses ``row_seeds(seed)[r]``.
+          first_row: these prompts are a data-parallel share of a larger batch whose rows start here (the hybrid
+            rollout group's split, :mod:`jaxrl.hybrid.dispatch`): row r uses the seed of batch row
+            ``first_row + r``, so the shares together sample what one engine would for the whole batch.
         Returns:
           :class:`RolloutOutput`: N = len(prompts) * n rows, prompts left-padded to the bucketed width P,
           responses right-padded to R = ``max_new_tokens``, log-probs as described in the module docstring.
@@ -407,7 +413,9 @@ class VllmEngine:
         stops = sorted(set(params.stop_token_ids) if params.ignore_eos
                        else set(self.eos_token_ids) | set(params.stop_token_ids))
         greedy = params.greedy
-        seeds = row_seeds(int(seed), rows)
+        if not isinstance(first_row, (int, np.integer)) or first_row < 0:
+            raise ValueError(f"first_row={first_row!r} must be an int >= 0")
+        seeds = row_seeds(int(seed), rows, int(first_row))
         requests, sps = [], []
         for i, p in enumerate(prompts):
             for j in range(n):

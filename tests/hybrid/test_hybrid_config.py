@@ -41,8 +41,9 @@ def test_verl_recipes_rollout_keys_are_read_as_the_rollout_pool():
      r"rollout.name='jetstream' is not supported with 2 processes"),
     (["trainer.placement=split", "trainer.rollout_devices=1", "trainer.mesh.fsdp=1"],
      r"trainer.placement='split' / trainer.rollout_devices=1 with .* leave trainer.placement=colocated"),
-    (["actor_rollout_ref.rollout.name=vllm"], r"actor_rollout_ref.rollout.name='vllm' with .* vLLM is not built into "
-                                              r"the rollout group yet"),
+    (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=4"],
+     r"tensor_model_parallel_size=4 with rollout.name=vllm .* own vLLM engine over its n_gpus_per_node=2 devices; use "
+     r"a tensor-parallel size <= 2"),
     (["trainer.max_restarts=1"], r"trainer.max_restarts=1 with .* rerun the same command to resume"),
     (["actor_rollout_ref.rollout.nnodes=-1"], r"nnodes=-1 / n_gpus_per_node=2 must >= 0"),
 ])
@@ -68,6 +69,20 @@ def test_groups_of_several_hosts_load_with_the_async_pipeline_in_the_driver():
         load_config("configs/quickstart.yaml", ["trainer.nnodes=2", "trainer.n_gpus_per_node=2", "trainer.mesh.fsdp=4",
                                                 "trainer.launcher=ray", "async_training.staleness=1",
                                                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"])
+
+
+def test_vllm_per_host_makes_each_rollout_member_a_world_of_its_own():
+    """vLLM in the rollout group: a pool of 2 hosts is 2 independent engines (each member's world is itself), so the
+    config loads where a 2-process JetStream world is refused."""
+    from jaxrl.hybrid.worker import group_config
+
+    cfg = load_config("configs/quickstart.yaml", [*POOL, "actor_rollout_ref.rollout.nnodes=2",
+                                                  "actor_rollout_ref.rollout.name=vllm",
+                                                  "actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
+    rollout = group_config(cfg, "rollout")
+    assert (rollout.trainer.nnodes, rollout.trainer.n_gpus_per_node) == (1, 2)
+    assert rollout.actor_rollout_ref.rollout.name == "vllm" and group_config(cfg, "train").trainer.nnodes == 1
+    assert cfg.actor_rollout_ref.rollout.nnodes == 2  # the driver's config is untouched
 
 
 @pytest.mark.parametrize("section, key, message", [

@@ -92,6 +92,28 @@ def test_sampled_log_probs_match_trainer_recompute_and_seeds(tiny):
     assert len({tuple(r) for r in out.response_ids[:4]}) > 1
 
 
+def test_data_parallel_shares_with_their_first_row_merge_into_the_whole_batch(tiny):
+    """vLLM per host (the hybrid rollout group): each engine samples a share of the prompts with the seeds of its
+    rows in the whole batch; the merged shares are the batch one engine samples (tokens exactly, log-probs 1e-5),
+    and a share without its first_row samples other tokens."""
+    from jaxrl.hybrid.dispatch import merge_outputs, split_prompts
+
+    cfg, graphdef, state, sampler, engine, sync = tiny
+    sync.sync(state)
+    sp = SamplingParams(n=3, temperature=1.0, max_new_tokens=R)
+    whole = engine.generate(PROMPTS, sp, rng_seed=5)
+    ranges = split_prompts(len(PROMPTS), 2)  # [(0, 2), (2, 3)]: the shares' prompt widths differ
+    shares = [engine.generate(PROMPTS[a:b], sp, rng_seed=5, first_row=a * sp.n) for a, b in ranges]
+    merged = merge_outputs(shares, first_prompts=[a for a, _ in ranges], pad_token_id=PAD)
+    for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "prompt_index"):
+        np.testing.assert_array_equal(getattr(merged, name), getattr(whole, name), err_msg=name)
+    np.testing.assert_allclose(merged.rollout_log_probs, whole.rollout_log_probs, atol=1e-5)
+    unshifted = engine.generate(PROMPTS[2:3], sp, rng_seed=5)  # seeds of rows 0..2 instead of 6..8
+    assert not np.array_equal(unshifted.response_ids, whole.response_ids[6:9])
+    with pytest.raises(ValueError, match="first_row=-1"):
+        engine.generate(PROMPTS, sp, rng_seed=5, first_row=-1)
+
+
 def test_top_k_log_probs_are_renormalised_over_the_kept_tokens(tiny):
     """Documented gap: with top-k on, vLLM's processed log-probs are >= jaxrl's un-truncated ones."""
     cfg, graphdef, state, sampler, engine, sync = tiny

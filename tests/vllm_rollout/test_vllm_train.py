@@ -21,45 +21,15 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from vllm_runs import VLLM_ENV, tiny_run_args  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_KEY = "actor_rollout_ref.rollout.update_weights_timeout_s"
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory, shared) -> Path:
-    from flax import nnx
-
-    from jaxrl.models.config import ModelConfig
-    from jaxrl.models.decoder import Decoder
-    from jaxrl.models.hf import save_hf
-    from jaxrl.models.tokenizer import load_tokenizer
-
-    tok = load_tokenizer(str(shared / "models" / "stories260K"))
-    cfg = ModelConfig(
-        model_type="qwen2", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=32, attention_bias=True, qk_norm=False,
-        bos_token_id=1, eos_token_id=(2,), pad_token_id=0, max_position_embeddings=256, rope_theta=10000.0,
-        tie_word_embeddings=False,
-    )
-    out = tmp_path_factory.mktemp("tiny_qwen2")
-    save_hf(Decoder(cfg, rngs=nnx.Rngs(0)), cfg, out, tokenizer=tok)
-    return out
-
-
 def _run(model_dir: Path, out_dir: Path, *extra: str, devices: int = 1) -> subprocess.CompletedProcess:
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-    cmd = [
-        sys.executable, "-m", "jaxrl.train", "--config", "configs/quickstart.yaml",
-        f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=vllm",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        "data.train_batch_size=4", "data.max_response_length=8", "actor_rollout_ref.rollout.n=2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
-        "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.logger=['jsonl']",
-        f"trainer.default_local_dir={out_dir}", *extra,
-    ]
+    env = dict(os.environ, **VLLM_ENV, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    cmd = [sys.executable, "-m", "jaxrl.train", *tiny_run_args(model_dir, out_dir), *extra]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
 
 
