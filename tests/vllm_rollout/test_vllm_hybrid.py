@@ -43,10 +43,13 @@ def _rows(out: Path) -> list[dict]:
 
 
 def test_vllm_per_host_rollout_group_equals_the_single_process_vllm_run(tiny_model_dir, tmp_path):
+    import psutil
+
     home = tmp_path / "home"
     home.mkdir()
+    before = {c.pid for c in psutil.Process().children(recursive=True)}  # earlier tests' helpers (not this run's)
     cluster = LocalCluster(home, [{"num_cpus": 1}] * 3)
-    everything = cluster.pids()
+    everything = cluster.pids() - before
     try:
         env = {**ray_process_env(home), "RAY_ADDRESS": cluster.address, **VLLM_ENV}
         env.pop("JAXRL_LOCAL_DEVICE_COUNT", None)
@@ -55,11 +58,11 @@ def test_vllm_per_host_rollout_group_equals_the_single_process_vllm_run(tiny_mod
             t0 = time.monotonic()
             while proc.poll() is None and time.monotonic() - t0 < 900:
                 if not seen and "weight sync #1 across worlds" in read()[1]:  # every member working: its sockets
-                    seen = sockets(cluster.pids())
+                    seen = sockets(cluster.pids() - before)
                 time.sleep(0.2)
             rc = proc.wait(timeout=5)
             stdout, stderr = read()
-        everything |= cluster.pids()
+        everything |= cluster.pids() - before
     finally:
         cluster.shutdown()
     assert rc == 0, stderr[-5000:]
