@@ -28,3 +28,15 @@ def tiny_model_dir(tmp_path_factory, shared) -> Path:
     out = tmp_path_factory.mktemp("tiny_qwen2")
     save_hf(Decoder(cfg, rngs=nnx.Rngs(0)), cfg, out, tokenizer=tok)
     return out
+
+
+@pytest.fixture(scope="session")
+def colocated_vllm_run(tiny_model_dir, tmp_path_factory) -> Path:
+    """2 steps of the tiny model with vLLM in the trainer's process, a checkpoint after each: the run folder (read it,
+    or copy it before resuming). The reference of the hybrid vLLM test and the start of the sync-timeout test."""
+    from vllm_runs import run_tiny
+
+    out = tmp_path_factory.mktemp("colocated") / "run"
+    first = run_tiny(tiny_model_dir, out, "trainer.total_training_steps=2", "trainer.save_freq=1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    return out
