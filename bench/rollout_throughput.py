@@ -14,7 +14,13 @@ float32, and every row generates exactly ``--new-tokens`` tokens:
 
 tokens/s = batch x new tokens / wall seconds of one whole generate call (prefill included, host-side prompt
 handling included; engine start-up and compilation excluded: one un-timed warm-up pass calls every batch size once
-before any timing). Each cell is the median (min-max) over ``--repeats`` calls. Every engine's output is checked to
+before any timing). Prefill and decode apart: each engine also times calls that generate 1 token per row (the prompt
+pass and the first token: "prefill s"); decode tokens/s = batch x (new tokens - 1) / (median whole call - median
+prefill call).
+
+``--profile-decode B`` adds a ``jax.profiler`` trace of one jaxrl generate call at batch ``B`` and attributes the
+decode loop's XLA op time to what the ops compute (layer projections, the LM head, attention, the cache layout
+copies, the vocabulary softmax and sampling, ...), from the compiled decode program's HLO metadata. Each cell is the median (min-max) over ``--repeats`` calls. Every engine's output is checked to
 hold exactly batch x new tokens generated tokens. ``--vllm-omp-threads`` (default: all logical CPUs) sets vLLM's
 ``OMP_NUM_THREADS``, since its CPU backend otherwise computes on all cores but one.
 
@@ -42,8 +48,9 @@ MAX_PROMPT_LENGTH = 64
 
 # ----------------------------------------------------------------------------------------- engines
 def bench_jaxrl(model_dir: Path, prompts: list[list[int]], batches: list[int], new_tokens: int,
-                repeats: int) -> dict[int, dict]:
-    """Time :class:`JaxSampler.generate` for each batch size; returns ``{batch: {"tps": [...], "warmup_s"}}``."""
+                repeats: int, profile_batch: int = 0) -> dict:
+    """Time :class:`JaxSampler.generate` for each batch size; returns ``{batch: {"tps": [...], "warmup_s",
+    "prefill_s": [...]}}`` (and ``"profile"``: :func:`profile_decode` at ``profile_batch``, when > 0)."""
     from jaxrl.models import load_pretrained
     from jaxrl.rollout import JaxSampler
     from jaxrl.rollout.base import SamplingParams
@@ -54,24 +61,119 @@ def bench_jaxrl(model_dir: Path, prompts: list[list[int]], batches: list[int], n
     sampler = JaxSampler.from_model(pre.model, pre.config, pad_token_id=int(pad),
                                     eos_token_ids=tuple(pre.config.eos_token_id),
                                     max_prompt_length=MAX_PROMPT_LENGTH)
-    sp = SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=new_tokens, ignore_eos=True)
+    def params(r: int) -> SamplingParams:
+        return SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=r, ignore_eos=True)
 
-    def call(b: int, seed: int) -> float:
+    def call(b: int, seed: int, r: int = new_tokens) -> float:
         t0 = time.perf_counter()
-        res = sampler.generate(prompts[:b], sp, rng_seed=seed)
+        res = sampler.generate(prompts[:b], params(r), rng_seed=seed)
         dt = time.perf_counter() - t0
         got = int(res.response_mask.sum())
-        if got != b * new_tokens:
-            raise RuntimeError(f"jaxrl generated {got} tokens, expected {b} x {new_tokens}")
+        if got != b * r:
+            raise RuntimeError(f"jaxrl generated {got} tokens, expected {b} x {r}")
         return dt
 
-    warm = {b: call(b, 1000 + b) for b in batches}  # compiles prefill + decode for each shape
+    warm = {b: call(b, 1000 + b) + call(b, 2000 + b, 1) for b in batches}  # compiles both shapes per batch
     out = {}
     for b in batches:
         tps = [b * new_tokens / call(b, r) for r in range(repeats)]
-        out[b] = {"tps": tps, "warmup_s": warm[b]}
-        print(f"  jaxrl  batch {b:3d}: {fmt_stats(stats(tps), 1)} tok/s (warm-up {warm[b]:.1f} s)", flush=True)
+        out[b] = {"tps": tps, "warmup_s": warm[b], "prefill_s": [call(b, r, 1) for r in range(repeats)]}
+        print(f"  jaxrl  batch {b:3d}: {fmt_stats(stats(tps), 1)} tok/s, prefill "
+              f"{stats(out[b]['prefill_s'])['median']:.3f} s (warm-up {warm[b]:.1f} s)", flush=True)
+    if profile_batch:
+        out["profile"] = profile_decode(sampler, prompts[:profile_batch], params(new_tokens))
     return out
+
+
+def _decode_kind(src: str, shape: str, opcode: str, vocab: int) -> str:
+    """What one op of the decode loop computes, from its JAX source (``op_name`` after ``while/body/``), its output
+    shape (``f32[64,1536]``) and its HLO opcode."""
+    dims = shape.split("[", 1)[-1].rstrip("]").split(",") if "[" in shape else []
+    if "bth,vh->btv" in src:
+        return "LM head matmul"
+    if "bskd" in src:
+        return "attention matmuls (q.k, p.v)"
+    if src.endswith("dot_general"):
+        return "layer projections (q/k/v/o, MLP)"
+    if src.startswith(("squeeze", "transpose")) or opcode in ("copy", "transpose"):
+        return "KV-cache layout copies (per layer)"
+    if "dynamic_update_slice" in src and len(dims) >= 4:
+        return "KV-cache write"
+    sizes = [int(d) for d in dims if d.strip().isdigit()]
+    # (the sampler's two-stage inverse-CDF draw views the vocabulary as [rows, V / 256, 256])
+    vocab_wide = str(vocab) in dims or (len(sizes) >= 3 and sizes[-1] * sizes[-2] == vocab)
+    if vocab_wide or len(dims) <= 1 or "log_softmax" in src or "argmax" in src:
+        return "vocabulary softmax, sampling, argmax"
+    if src.startswith(("reduce_max", "reduce_sum", "div", "jit(_where)")):
+        return "attention softmax and mask"
+    return "other elementwise (norms, RoPE, residuals)"
+
+
+def profile_decode(sampler, prompts: list[list[int]], sp) -> dict:
+    """One traced ``generate`` call: the decode loop's XLA op time by kind (:func:`_decode_kind`) and its top ops.
+
+    The decode program's arguments are taken from one call (the sampler's jitted decode is wrapped for it), its
+    optimized HLO gives each op's JAX source (``op_name``) and output shape, and the trace's per-op events (XLA CPU
+    thunks on the Eigen threads; shares are of the summed op time) are matched to it by name.
+
+    Returns:
+      ``{"batch", "decode_steps", "total_op_ms", "by_kind": [{"kind", "ms", "share", "ms_per_step"}], "top": [...]}``.
+    """
+    import glob
+    import shutil
+    from collections import defaultdict
+
+    import jax
+
+    from bench.train_throughput import _hlo_index
+
+    seen = {}
+    decode = sampler._decode_jit
+
+    class Recorder:  # the benchmark's own view of the sampler's jitted decode: records its arguments once
+        def __call__(self, *args):
+            seen.setdefault("args", args)
+            return decode(*args)
+
+        def __getattr__(self, name):
+            return getattr(decode, name)
+
+    sampler._decode_jit = Recorder()
+    try:
+        sampler.generate(prompts, sp, rng_seed=7)
+    finally:
+        sampler._decode_jit = decode
+    index = _hlo_index(decode.lower(*seen["args"]).compile().as_text())
+    trace_dir = WORK_DIR / "rollout_throughput" / "decode_profile"
+    shutil.rmtree(trace_dir, ignore_errors=True)
+    trace_dir.mkdir(parents=True)
+    with jax.profiler.trace(str(trace_dir)):
+        sampler.generate(prompts, sp, rng_seed=9)
+    data = jax.profiler.ProfileData.from_file(sorted(glob.glob(str(trace_dir / "**" / "*.xplane.pb"),
+                                                              recursive=True))[-1])
+    per_op: dict[str, float] = defaultdict(float)
+    for plane in data.planes:
+        for line in plane.lines:
+            if line.name != "python":
+                for ev in line.events:
+                    if ev.name in index:
+                        per_op[ev.name] += ev.duration_ns / 1e6
+    total = sum(per_op.values()) or 1.0
+    steps = sp.max_new_tokens
+    by_kind: dict[str, float] = defaultdict(float)
+    top = []
+    for name, ms in per_op.items():
+        info = index[name]
+        src = info["op_name"].split("/while/body/")[-1].split(";")[0]
+        kind = _decode_kind(src, info["shape"], info["opcode"], sampler.model_cfg.vocab_size)
+        by_kind[kind] += ms
+        top.append({"op": name, "kind": kind, "source": src, "shape": info["shape"], "ms": ms, "share": ms / total})
+    top.sort(key=lambda r: -r["ms"])
+    kinds = sorted(({"kind": k, "ms": v, "share": v / total, "ms_per_step": v / steps} for k, v in by_kind.items()),
+                   key=lambda r: -r["ms"])
+    for k in kinds:
+        print(f"  decode profile: {k['kind']:40s} {k['ms_per_step']:7.2f} ms/step {k['share']:6.1%}", flush=True)
+    return {"batch": len(prompts), "decode_steps": steps, "total_op_ms": total, "by_kind": kinds, "top": top[:10]}
 
 
 def bench_hf(model_dir: Path, prompts: list[list[int]], batches: list[int], new_tokens: int,
@@ -94,26 +196,24 @@ def bench_hf(model_dir: Path, prompts: list[list[int]], batches: list[int], new_
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
         inputs[b] = (ids, mask)
-    kw = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, use_cache=True, max_new_tokens=new_tokens,
-              min_new_tokens=new_tokens, pad_token_id=int(pad))
+    kw = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, use_cache=True, pad_token_id=int(pad))
 
-    def call(b: int, seed: int) -> float:
+    def call(b: int, seed: int, r: int = new_tokens) -> float:
         ids, mask = inputs[b]
         torch.manual_seed(seed)
         t0 = time.perf_counter()
         with torch.inference_mode():
-            seqs = model.generate(ids, attention_mask=mask, **kw)
+            seqs = model.generate(ids, attention_mask=mask, max_new_tokens=r, min_new_tokens=r, **kw)
         dt = time.perf_counter() - t0
-        if seqs.shape != (b, ids.shape[1] + new_tokens):
-            raise RuntimeError(f"HF generate returned shape {tuple(seqs.shape)}, expected "
-                               f"{(b, ids.shape[1] + new_tokens)}")
+        if seqs.shape != (b, ids.shape[1] + r):
+            raise RuntimeError(f"HF generate returned shape {tuple(seqs.shape)}, expected {(b, ids.shape[1] + r)}")
         return dt
 
-    warm = {b: call(b, 1000 + b) for b in batches}
+    warm = {b: call(b, 1000 + b) + call(b, 2000 + b, 1) for b in batches}
     out = {}
     for b in batches:
         tps = [b * new_tokens / call(b, r) for r in range(repeats)]
-        out[b] = {"tps": tps, "warmup_s": warm[b]}
+        out[b] = {"tps": tps, "warmup_s": warm[b], "prefill_s": [call(b, r, 1) for r in range(repeats)]}
         print(f"  hf     batch {b:3d}: {fmt_stats(stats(tps), 1)} tok/s (torch threads {torch.get_num_threads()})",
               flush=True)
     return out
@@ -136,21 +236,22 @@ def vllm_worker(args: argparse.Namespace) -> None:
     out = {"version": vllm.__version__, "start_s": start_s, "batches": {}}
     # No per-request seed: vLLM then samples every row from its engine-wide generator (``LLM(seed=0)``); seeded
     # requests take a slower per-request-generator path, which would understate vLLM.
-    sps = SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=0, max_tokens=r, ignore_eos=True, detokenize=False)
-
-    def call(b: int) -> float:
+    def call(b: int, tokens: int = r) -> float:
+        sps = SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=0, max_tokens=tokens, ignore_eos=True,
+                             detokenize=False)
         reqs = [TokensPrompt(prompt_token_ids=p) for p in prompts[:b]]
         t0 = time.perf_counter()
         res = llm.generate(reqs, sps, use_tqdm=False)
         dt = time.perf_counter() - t0
         got = sum(len(o.outputs[0].token_ids) for o in res)
-        if got != b * r:
-            raise RuntimeError(f"vLLM generated {got} tokens, expected {b} x {r}")
+        if got != b * tokens:
+            raise RuntimeError(f"vLLM generated {got} tokens, expected {b} x {tokens}")
         return dt
 
-    warm = {b: call(b) for b in batches}
+    warm = {b: call(b) + call(b, 1) for b in batches}
     for b in batches:
-        out["batches"][str(b)] = {"tps": [b * r / call(b) for _ in range(repeats)], "warmup_s": warm[b]}
+        out["batches"][str(b)] = {"tps": [b * r / call(b) for _ in range(repeats)], "warmup_s": warm[b],
+                                  "prefill_s": [call(b, 1) for _ in range(repeats)]}
     Path(args.worker_out).write_text(json.dumps(out))
 
 
@@ -188,8 +289,19 @@ def bench_vllm(model_dir: Path, prompts: list[list[int]], batches: list[int], ne
 
 
 # ----------------------------------------------------------------------------------------- report
-def _ratio(a: dict | None, b: dict | None) -> float | None:
-    return None if not a or not b else stats(a["tps"])["median"] / stats(b["tps"])["median"]
+def _ratio(a: dict | None, b: dict | None, key: str = "tps") -> float | None:
+    if not a or not b:
+        return None
+    return (stats(a["tps"])["median"] / stats(b["tps"])["median"] if key == "tps"
+            else a[key] / b[key] if a.get(key) and b.get(key) else None)
+
+
+def _prefill_decode(cell: dict, batch: int, new_tokens: int) -> dict:
+    """``{"prefill_s", "decode_tps"}`` of one engine's cell: the 1-token calls' median, and batch x (new tokens - 1)
+    over the rest of the whole call's median (None when the difference is not positive)."""
+    prefill = stats(cell["prefill_s"])["median"]
+    rest = batch * new_tokens / stats(cell["tps"])["median"] - prefill
+    return {"prefill_s": prefill, "decode_tps": batch * (new_tokens - 1) / rest if rest > 0 else None}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -202,6 +314,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--vllm-omp-threads", type=int, default=os.cpu_count() or 1,
                     help="OMP_NUM_THREADS for vLLM (default: all logical CPUs, like jax and torch); 0 = vLLM's own")
     ap.add_argument("--quick", action="store_true", help="small run: batches 1,8, 16 new tokens, 3 repeats")
+    ap.add_argument("--profile-decode", type=int, default=0, metavar="B",
+                    help="also trace one jaxrl generate call at batch B and attribute the decode loop's op time")
     ap.add_argument("--vllm-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker-spec", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
@@ -224,7 +338,7 @@ def main(argv: list[str] | None = None) -> None:
 
     t_start = time.perf_counter()
     dirs = ensure_models([m for m in a.models.split(",") if m])
-    records, vllm_version = [], None
+    records, vllm_version, profiles = [], None, {}
     for name, d in dirs.items():
         tok = AutoTokenizer.from_pretrained(str(d))
         prompts = prompt_token_ids(tok, max(batches), max_prompt_length=MAX_PROMPT_LENGTH)
@@ -232,7 +346,9 @@ def main(argv: list[str] | None = None) -> None:
               f"{max(map(len, prompts))} tokens", flush=True)
         res = {}
         if "jaxrl" in engines:
-            res["jaxrl"] = bench_jaxrl(d, prompts, batches, a.new_tokens, a.repeats)
+            res["jaxrl"] = bench_jaxrl(d, prompts, batches, a.new_tokens, a.repeats, a.profile_decode)
+            if "profile" in res["jaxrl"]:
+                profiles[name] = res["jaxrl"].pop("profile")
         if "hf" in engines:
             res["hf"] = bench_hf(d, prompts, batches, a.new_tokens, a.repeats)
         if "vllm" in engines:
@@ -241,9 +357,12 @@ def main(argv: list[str] | None = None) -> None:
         for b in batches:
             rec = {"model": name, "params_m": num_params(d) / 1e6, "batch": b, "new_tokens": a.new_tokens}
             for e in engines:
-                rec[e] = {**stats(res[e][b]["tps"]), "raw_tps": res[e][b]["tps"], "warmup_s": res[e][b]["warmup_s"]}
+                rec[e] = {**stats(res[e][b]["tps"]), "raw_tps": res[e][b]["tps"], "warmup_s": res[e][b]["warmup_s"],
+                          "raw_prefill_s": res[e][b]["prefill_s"],
+                          **_prefill_decode(res[e][b], b, a.new_tokens)}
             rec["jaxrl_over_hf"] = _ratio(res.get("jaxrl", {}).get(b), res.get("hf", {}).get(b))
             rec["jaxrl_over_vllm"] = _ratio(res.get("jaxrl", {}).get(b), res.get("vllm", {}).get(b))
+            rec["decode_jaxrl_over_vllm"] = _ratio(rec.get("jaxrl"), rec.get("vllm"), "decode_tps")
             records.append(rec)
     wall = time.perf_counter() - t_start
 
@@ -265,6 +384,31 @@ def main(argv: list[str] | None = None) -> None:
         rv = "-" if r["jaxrl_over_vllm"] is None else f"{r['jaxrl_over_vllm']:.2f}x"
         lines.append(f"| {r['model']} | {r['batch']} | " + " | ".join(cells) + f" | {rh} | {rv} |")
     lines.append("")
+    lines += ["Prefill (a call generating 1 token per row: the prompt pass and the first token) and decode apart "
+              "(decode tok/s = batch x (new tokens - 1) / (whole call - prefill call), medians):", "",
+              "| model | batch | " + " | ".join(f"{e} prefill s | {e} decode tok/s" for e in engines)
+              + " | decode jaxrl / vLLM |", "|" + "---|" * 2 + "---:|" * (2 * len(engines) + 1)]
+    for r in records:
+        cells = [f"{r[e]['prefill_s']:.3f} | " + ("-" if r[e]["decode_tps"] is None else f"{r[e]['decode_tps']:.1f}")
+                 for e in engines]
+        dv = "-" if r["decode_jaxrl_over_vllm"] is None else f"{r['decode_jaxrl_over_vllm']:.2f}x"
+        lines.append(f"| {r['model']} | {r['batch']} | " + " | ".join(cells) + f" | {dv} |")
+    lines.append("")
+    for name, prof in profiles.items():
+        lines += [f"Decode profile, jaxrl, {name}, batch {prof['batch']}: XLA op time of the decode loop by what it "
+                  f"computes ({prof['total_op_ms']:.0f} ms over {prof['decode_steps']} steps, summed over the Eigen "
+                  "threads; `--profile-decode`):", "", "| ops | ms per step | share |", "|---|---:|---:|"]
+        lines += [f"| {k['kind']} | {k['ms_per_step']:.2f} | {k['share']:.1%} |" for k in prof["by_kind"]]
+        lines += ["", "| top op | kind | JAX source | output | ms | share |", "|---|---|---|---|---:|---:|"]
+        lines += [f"| {t['op']} | {t['kind']} | `{t['source']}` | `{t['shape']}` | {t['ms']:.1f} | {t['share']:.1%} |"
+                  for t in prof["top"]]
+        lines.append("")
+    if "jaxrl" in engines and "vllm" in engines:
+        for name in dirs:
+            rows = [r for r in records if r["model"] == name]
+            below = [f"{r['batch']} ({r['jaxrl_over_vllm']:.2f}x)" for r in rows if r["jaxrl_over_vllm"] < 1.0]
+            lines.append(f"- goal **jaxrl / vLLM >= 1.0x** ({name}): " + (
+                f"not met at batch {', '.join(below)}" if below else "met at every batch") + ".")
     if "jaxrl" in engines and "hf" in engines:
         for name in dirs:
             rows = [r for r in records if r["model"] == name]
@@ -276,7 +420,8 @@ def main(argv: list[str] | None = None) -> None:
             lines.append(f"- goal **jaxrl / HF generate >= 2x** ({name}): {status} (lowest "
                          f"{worst['jaxrl_over_hf']:.2f}x at batch {worst['batch']}).")
     lines.append("")
-    md, js = write_section("rollout_throughput", lines, records)
+    md, js = write_section("rollout_throughput", lines, {"records": records, "decode_profiles": profiles}
+                           if profiles else records)
     print("\n".join(lines))
     print(f"wrote {md} and {js} ({wall:.0f} s)")
 
