@@ -48,6 +48,9 @@ class Components:
     prm: object | None = None  # jaxrl.workers.prime_rm.ImplicitPRMWorker (PRIME: algorithm.adv_estimator=prime)
     lock: object | None = None  # jaxrl.runlock.RunLock on out_dir, held until run_training ends
     resume_from: tuple | None = None  # find_resume_checkpoint's answer: (root, step | None), or None = fresh start
+    # the step's perf/*memory* metrics (None: jaxrl.metrics.memory_metrics of this process; the hybrid controller's
+    # driver reads its groups' members: jaxrl.hybrid.proxies.GroupMemory)
+    memory_metrics: object | None = None
 
 
 def build(cfg) -> Components:

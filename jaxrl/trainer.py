@@ -120,7 +120,7 @@ class Trainer(TrainingLoop):
         n_tokens = int(batch.response_mask.sum() + batch.prompt_mask.sum())
         metrics["perf/total_num_tokens"] = n_tokens
         metrics["perf/throughput"] = n_tokens / max(t["step"], 1e-9)
-        metrics.update(memory_metrics())
+        metrics.update(c.memory_metrics() if c.memory_metrics is not None else memory_metrics())
         metrics["training/epoch"] = epoch
         return metrics
 

@@ -92,8 +92,8 @@ def build_hybrid(cfg, start=start_groups):
     from jaxrl import build as single
     from jaxrl.checkpoint import CheckpointStore, find_resume_checkpoint, max_to_keep_from_config
     from jaxrl.config.loader import config_to_dict
-    from jaxrl.hybrid.proxies import (HybridPlacement, RemoteActor, RemoteCritic, RemoteReference, RemoteRollout,
-                                      RemoteWeightSync)
+    from jaxrl.hybrid.proxies import (GroupMemory, HybridPlacement, RemoteActor, RemoteCritic, RemoteReference,
+                                      RemoteRollout, RemoteWeightSync)
     from jaxrl.metrics import MetricsLogger
     from jaxrl.runlock import RunLock
 
@@ -146,7 +146,8 @@ def build_hybrid(cfg, start=start_groups):
                        model_meta=built["model_meta"], critic=critic, placement=placement,
                        weight_sync=RemoteWeightSync(rollout, engine,
                                                     timeout_s=cfg.actor_rollout_ref.rollout.update_weights_timeout_s))
-        return dataclasses.replace(c, lock=lock, resume_from=resume_from), groups
+        return dataclasses.replace(c, lock=lock, resume_from=resume_from,
+                                   memory_metrics=GroupMemory(train, rollout)), groups
     except BaseException:
         if groups is not None:
             groups.shutdown()

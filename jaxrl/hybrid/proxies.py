@@ -27,8 +27,8 @@ from typing import Any
 
 log = logging.getLogger("jaxrl")
 
-__all__ = ["HybridPlacement", "RemoteActor", "RemoteCritic", "RemoteReference", "RemoteRollout", "RemoteWeightSync",
-           "WeightCopy"]
+__all__ = ["GroupMemory", "HybridPlacement", "RemoteActor", "RemoteCritic", "RemoteReference", "RemoteRollout",
+           "RemoteWeightSync", "WeightCopy"]
 
 
 def _to_numpy(tree: Any) -> Any:
@@ -135,6 +135,34 @@ class RemoteRollout:
         outs = self.group.call_each("generate", [(list(prompt_ids[a:b]), sampling_params, a * sampling_params.n)
                                                  for a, b in ranges])
         return merge_outputs(outs, first_prompts=[a for a, _ in ranges], pad_token_id=self.pad_token_id)
+
+
+class GroupMemory:
+    """The hybrid run's per-step memory metrics (``Components.memory_metrics``), read from the groups' members.
+
+    verl logs ``perf/max_memory_allocated_gb``, ``perf/max_memory_reserved_gb`` and ``perf/cpu_memory_used_gb`` from
+    its actor workers; here they are the **train group's** (the max over its members), the rollout group's the same
+    under ``perf/rollout_group/``, and the driver's RSS as ``perf/driver/cpu_memory_used_gb``. All in GiB.
+    """
+
+    def __init__(self, train, rollout):
+        self.train, self.rollout = train, rollout
+
+    @staticmethod
+    def _max(group) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for member in group.call_each("memory", [()] * len(group.members)):
+            for key, value in member.items():
+                out[key] = max(out.get(key, value), value)
+        return out
+
+    def __call__(self) -> dict[str, float]:
+        import psutil
+
+        out = self._max(self.train)
+        out.update({k.replace("perf/", "perf/rollout_group/", 1): v for k, v in self._max(self.rollout).items()})
+        out["perf/driver/cpu_memory_used_gb"] = psutil.Process().memory_info().rss / float(1024**3)
+        return out
 
 
 @dataclasses.dataclass(frozen=True)

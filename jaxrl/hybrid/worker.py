@@ -68,6 +68,13 @@ class _Member:
                            ENV_PROCESS_ID: str(process_id)})
         self._bind = coordinator
 
+    def memory(self) -> dict[str, float]:
+        """This member's ``perf/*memory*`` metrics (:func:`jaxrl.metrics.memory_metrics`: its RSS, its devices'
+        peaks)."""
+        from jaxrl.metrics import memory_metrics
+
+        return memory_metrics()
+
     def ping(self) -> bool:
         """Answered from the member's second thread while a phase runs: the driver's liveness check."""
         return True

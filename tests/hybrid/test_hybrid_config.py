@@ -164,3 +164,26 @@ def test_a_sync_that_times_out_is_a_weight_sync_error_never_stale_weights():
                                               r"did not finish within 600 s .*update_weights_timeout_s"):
         sync.sync(WeightCopy(ref=["REF"], bytes=1, tensors=1, gather_s=0.0))
     assert rollout.timeouts == [600.0] and sync.num_syncs == 0
+
+
+def test_the_runs_memory_metrics_are_the_groups_members():
+    """verl's perf/*memory* keys come from the train group (max over its members), the rollout group's under
+    perf/rollout_group/, the driver's RSS under perf/driver/ (each member answers its own memory_metrics)."""
+    from jaxrl.hybrid.proxies import GroupMemory
+
+    class Members:
+        def __init__(self, answers):
+            self.members, self.answers, self.asked = answers, answers, []
+
+        def call_each(self, method, args, timeout_s=None):
+            self.asked.append((method, args))
+            return self.answers
+
+    train = Members([{"perf/cpu_memory_used_gb": 3.0, "perf/max_memory_allocated_gb": 10.0},
+                     {"perf/cpu_memory_used_gb": 4.0, "perf/max_memory_allocated_gb": 9.0}])
+    rollout = Members([{"perf/cpu_memory_used_gb": 2.5}])
+    got = GroupMemory(train, rollout)()
+    assert got["perf/cpu_memory_used_gb"] == 4.0 and got["perf/max_memory_allocated_gb"] == 10.0
+    assert got["perf/rollout_group/cpu_memory_used_gb"] == 2.5
+    assert 0 < got["perf/driver/cpu_memory_used_gb"] < 100
+    assert train.asked == [("memory", [(), ()])] and rollout.asked == [("memory", [()])]

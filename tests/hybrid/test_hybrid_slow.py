@@ -130,6 +130,14 @@ def test_groups_on_two_nodes_equal_the_single_process_split_run(hybrid_run, spli
         assert r["timing_s/sync"] > 0
     assert len(re.findall(r"weight sync #\d+ across worlds: [\d.]+ MB in [\d.]+ s", log)) == STEPS
     print("hybrid syncs:", [(r["sync/bytes"], round(r["timing_s/sync"], 3)) for r in rows[1:]])
+    # verl's memory keys are the train group's member's (it holds the actor, reference and AdamW state: more than the
+    # driver, which holds no weights), the rollout group's and the driver's beside them
+    for r in rows[1:]:
+        assert r["perf/cpu_memory_used_gb"] > r["perf/driver/cpu_memory_used_gb"] > 0, r
+        assert r["perf/rollout_group/cpu_memory_used_gb"] > 0
+    print("hybrid memory GiB (train, rollout, driver):", [(round(r["perf/cpu_memory_used_gb"], 2),
+          round(r["perf/rollout_group/cpu_memory_used_gb"], 2), round(r["perf/driver/cpu_memory_used_gb"], 2))
+          for r in rows[1:]])
     # the run's processes talked on loopback only (driver, members, the cluster)
     assert seen and all(loopback(local) and (not remote or loopback(remote)) for *_, local, remote in seen), seen
 
