@@ -289,11 +289,8 @@ def bench_vllm(model_dir: Path, prompts: list[list[int]], batches: list[int], ne
 
 
 # ----------------------------------------------------------------------------------------- report
-def _ratio(a: dict | None, b: dict | None, key: str = "tps") -> float | None:
-    if not a or not b:
-        return None
-    return (stats(a["tps"])["median"] / stats(b["tps"])["median"] if key == "tps"
-            else a[key] / b[key] if a.get(key) and b.get(key) else None)
+def _ratio(a: dict | None, b: dict | None) -> float | None:
+    return None if not a or not b else stats(a["tps"])["median"] / stats(b["tps"])["median"]
 
 
 def _prefill_decode(cell: dict, batch: int, new_tokens: int) -> dict:
@@ -362,7 +359,8 @@ def main(argv: list[str] | None = None) -> None:
                           **_prefill_decode(res[e][b], b, a.new_tokens)}
             rec["jaxrl_over_hf"] = _ratio(res.get("jaxrl", {}).get(b), res.get("hf", {}).get(b))
             rec["jaxrl_over_vllm"] = _ratio(res.get("jaxrl", {}).get(b), res.get("vllm", {}).get(b))
-            rec["decode_jaxrl_over_vllm"] = _ratio(rec.get("jaxrl"), rec.get("vllm"), "decode_tps")
+            decode = [rec.get(e, {}).get("decode_tps") for e in ("jaxrl", "vllm")]
+            rec["decode_jaxrl_over_vllm"] = decode[0] / decode[1] if all(decode) else None
             records.append(rec)
     wall = time.perf_counter() - t_start
 

@@ -122,8 +122,9 @@ def build_hybrid(cfg, start=start_groups):
         starts = rollout.call_each("start", [(cfg, model_cfg, built["graphdef"], first.ref[0], tokenizer)]
                                    * len(rollout.members))
         started = starts[0]
-        for rank, s in enumerate(starts[1:] if not rollout.own_world else (), start=1):  # vLLM per host: the others
-            log.info("rollout group member %d: %s (%s)", rank, s["engine"], s["mesh"])
+        if not rollout.own_world:  # vLLM per host: every member's engine (the first one is logged below)
+            for rank, s in enumerate(starts[1:], start=1):
+                log.info("rollout group member %d: %s (%s)", rank, s["engine"], s["mesh"])
         engine = RemoteRollout(rollout, started)
         placement = HybridPlacement(train=loaded["placement"], rollout=started["mesh"])
         log.info("placement %s; rollout engine %s (initial weights: %.2f MB through the object store)",

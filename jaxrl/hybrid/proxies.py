@@ -157,11 +157,11 @@ class GroupMemory:
         return out
 
     def __call__(self) -> dict[str, float]:
-        import psutil
+        from jaxrl.metrics import memory_metrics
 
         out = self._max(self.train)
         out.update({k.replace("perf/", "perf/rollout_group/", 1): v for k, v in self._max(self.rollout).items()})
-        out["perf/driver/cpu_memory_used_gb"] = psutil.Process().memory_info().rss / float(1024**3)
+        out["perf/driver/cpu_memory_used_gb"] = memory_metrics()["perf/cpu_memory_used_gb"]
         return out
 
 

@@ -278,24 +278,25 @@ class RolloutWorker(_Member):
 
             cfg.trainer.default_local_dir = str(Path(cfg.trainer.default_local_dir) / f"vllm_rollout_{self.rank}")
             Path(cfg.trainer.default_local_dir).mkdir(parents=True, exist_ok=True)
-            self.mesh, self.shardings = None, jax.devices()[0]  # host CPU: the hf plan's input
-            self.weight_sync = start_rollout(cfg, model_cfg, graphdef, jax.device_put(weights, self.shardings),
-                                             tokenizer)
+            host = jax.devices()[0]  # the host CPU: the hf plan's input
+            self._place = lambda w: jax.device_put(w, host)
+            self.weight_sync = start_rollout(cfg, model_cfg, graphdef, self._place(weights), tokenizer)
             self.engine = self.weight_sync.engine
             return {"engine": str(self.engine.engine_name), "mesh": f"vLLM per host, member {self.rank}",
                     "eos_token_ids": tuple(self.engine.eos_token_ids), "pad_token_id": int(pad)}
         devices = jax.devices()  # every process of this world
         placement = make_placement("colocated", {"data": len(devices), "fsdp": 1, "tensor": 1},
                                    rollout_tp=cfg.actor_rollout_ref.rollout.tensor_model_parallel_size)
-        self.mesh = placement.rollout_mesh
+        mesh = placement.rollout_mesh
         # the layout the translator plans for the engine (the rollout rules on this mesh); each host copy lands on
         # it directly (every process places the pieces its devices hold)
-        self.shardings = param_shardings(weights, self.mesh, placement.rollout_rules)
-        self.weight_sync = start_rollout(cfg, model_cfg, graphdef, to_global(weights, self.shardings), tokenizer,
-                                         mesh=self.mesh, rules=placement.rollout_rules)
+        shardings = param_shardings(weights, mesh, placement.rollout_rules)
+        self._place = lambda w: to_global(w, shardings)
+        self.weight_sync = start_rollout(cfg, model_cfg, graphdef, self._place(weights), tokenizer,
+                                         mesh=mesh, rules=placement.rollout_rules)
         self.engine = self.weight_sync.engine
         return {"engine": str(getattr(self.engine, "engine_name", None) or type(self.engine).__name__),
-                "mesh": describe_mesh(self.mesh),
+                "mesh": describe_mesh(mesh),
                 "eos_token_ids": tuple(getattr(self.engine, "eos_token_ids", ())), "pad_token_id": int(pad)}
 
     def generate(self, prompt_ids, sampling_params, first_row: int = 0):
@@ -313,13 +314,6 @@ class RolloutWorker(_Member):
           WeightSyncError: a tree that differs from the engine's, a failed translation or load (the engine keeps
             its previous weights).
         """
-        from jaxrl.distributed import to_global
-
         t0 = time.perf_counter()
-        if self.mesh is None:  # vLLM: the hf plan translates on the host
-            import jax
-
-            self.weight_sync.sync(jax.device_put(weights, self.shardings))
-        else:
-            self.weight_sync.sync(to_global(weights, self.shardings))
+        self.weight_sync.sync(self._place(weights))  # onto the layout the engine started on (see start)
         return {"load_s": time.perf_counter() - t0}
