@@ -129,6 +129,33 @@ def extra_as_array(rew, key: str, default: np.ndarray) -> np.ndarray:
     return np.asarray([0.0 if v is None else float(v) for v in values], np.float32)
 
 
+def numeric_extras(rew) -> dict[str, np.ndarray]:
+    """The reward function's numeric extra outputs (every dict key but ``score`` whose values are numbers or bools,
+    e.g. GSM8K's ``acc``, ``format``, ``acc_flexible``), each ``[N]`` float64 with NaN where a call failed or gave
+    no value. Text extras (``pred``) are left out."""
+    out = {}
+    for key, values in rew.extra.items():
+        if key == "score" or not any(v is not None for v in values):
+            continue
+        if not all(v is None or (isinstance(v, (int, float, bool, np.number)) and not isinstance(v, str))
+                   for v in values):
+            continue
+        out[key] = np.asarray([np.nan if v is None else float(v) for v in values], np.float64)
+    return out
+
+
+def extra_means(values: list[dict[str, np.ndarray]]) -> dict[str, float]:
+    """``reward/<key>/mean`` of each numeric reward extra over every response of a step's rounds (NaN = failed
+    call, left out of the mean; a key whose values are all NaN is not logged)."""
+    keys = dict.fromkeys(k for v in values for k in v)
+    out = {}
+    for key in keys:
+        vals = np.concatenate([v[key] for v in values if key in v])
+        if np.isfinite(vals).any():
+            out[f"reward/{key}/mean"] = float(np.nanmean(vals))
+    return out
+
+
 def place_scores_on_last_token(scores: np.ndarray, response_mask: np.ndarray) -> np.ndarray:
     """Token-level scores ``[N, R]``: each sequence score sits on its last valid response token (verl): the last
     position where ``response_mask`` is 1 (a multi-turn mask has holes: the last model token)."""
@@ -240,15 +267,18 @@ class ExperienceMaker:
         fg = self.algorithm.filter_groups
         if not fg.enable:
             batch, seq = self.generate_and_score(prompts.next_batch(), seed=seed, timings=timings, metrics=metrics)
+            metrics.update(extra_means([seq["extras"]]))
             if self.prime_filter is not None:
                 batch = prime_select(batch, seq, self.prime_filter, metrics)
             return batch, metrics
         target = self.train_batch_size
         kept: list[RLBatch] = []
         n_kept = n_dropped = rounds = 0
+        extras = []
         while n_kept < target and not (0 < fg.max_num_gen_batches <= rounds):
             rounds += 1
             batch, seq = self.generate_and_score(prompts.next_batch(), seed=seed, timings=timings, metrics=metrics)
+            extras.append(seq["extras"])
             keep = groups_with_signal(seq[fg.metric], batch.group_ids)
             n_dropped += len(np.unique(batch.group_ids[~keep]))
             n_kept += len(np.unique(batch.group_ids[keep]))
@@ -256,6 +286,7 @@ class ExperienceMaker:
                 kept.append(batch.select(np.flatnonzero(keep)))
         metrics["train/num_gen_batches"] = rounds
         metrics["train/num_dropped_groups"] = n_dropped
+        metrics.update(extra_means(extras))  # over every generated response, kept or not
         if not kept:  # every group flat: train on the last round (zero advantages, a no-op update)
             log.warning("dynamic sampling kept no group in %d rounds; this step will not move the policy", rounds)
             return batch, metrics
@@ -272,7 +303,9 @@ class ExperienceMaker:
 
         Returns the batch with ``token_level_scores`` set and the per-response values ``[N]`` dynamic sampling can
         filter on: ``score`` (reward function), ``acc`` (its ``acc`` output, else the score), ``seq_reward``
-        and ``seq_final_reward`` (score after overlong shaping; the in-reward KL is applied after filtering).
+        and ``seq_final_reward`` (score after overlong shaping; the in-reward KL is applied after filtering), and
+        under ``extras`` the reward function's numeric extra outputs (:func:`numeric_extras`; logged by
+        :meth:`make_experience` as ``reward/<key>/mean``).
         """
         with timed("gen", timings):
             sp = sampling_params(self.rollout_cfg, self.max_new_tokens, validation=False, seed=seed)
@@ -315,6 +348,7 @@ class ExperienceMaker:
             "acc": extra_as_array(rew, "acc", default=rew.scores),
             "seq_reward": scores,
             "seq_final_reward": scores,
+            "extras": numeric_extras(rew),
         }
         if self.prime_filter is not None:  # PRIME: the implicit PRM's labels
             batch.acc = np.clip(seq["acc"], 0.0, 1.0).astype(np.float32)

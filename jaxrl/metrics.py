@@ -146,6 +146,9 @@ def rollout_mismatch_metrics(batch, entropy: np.ndarray) -> dict[str, float]:
     }
 
 
+CORE_VALIDATION_VALUES = ("reward", "acc")
+
+
 def validation_metrics(
     data_sources: list[str], prompt_ids: np.ndarray, values: dict[str, np.ndarray], preds: list | None, n: int
 ) -> dict[str, float]:
@@ -154,35 +157,43 @@ def validation_metrics(
     Args:
       data_sources: ``[M]`` data source of each response.
       prompt_ids: ``[M]`` int, which prompt each response answers (``n`` responses per prompt).
-      values: name -> ``[M]`` float (e.g. ``reward``, ``acc``).
+      values: name -> ``[M]`` float (e.g. ``reward``, ``acc``, and the reward function's other numeric outputs such
+        as GSM8K's ``format``); NaN marks a response without that value (a failed call), left out of its stats.
       preds: ``[M]`` extracted answers for majority voting, or None.
       n: responses per prompt.
 
     Returns:
-      ``val-core/<ds>/<name>/mean@n`` (mean over all responses) and, when ``n > 1``, ``best@n`` / ``worst@n``
-      (mean over prompts of the max / min over its ``n`` responses) and, with ``preds``, ``maj@n`` (mean over
-      prompts of the value of a response carrying the most frequent answer; ties -> first seen). verl estimates
-      best/maj with bootstrap resampling; with all ``n`` samples these are their exact ``k = n`` values.
+      ``val-core/<ds>/<name>/mean@n`` for ``reward`` and ``acc`` (:data:`CORE_VALIDATION_VALUES`) and
+      ``val-aux/<ds>/<name>/mean@n`` for every other value (verl logs a reward function's extra outputs under
+      ``val-aux``) (mean over all responses) and, when ``n > 1``, ``best@n`` / ``worst@n`` (mean over prompts of
+      the max / min over its ``n`` responses) and, with ``preds``, ``maj@n`` (mean over prompts of the value of a
+      response carrying the most frequent answer; ties -> first seen). verl estimates best/maj with bootstrap
+      resampling; with all ``n`` samples these are their exact ``k = n`` values. A name whose values are all NaN
+      for a data source is not logged for it.
     """
     data_sources = np.asarray(data_sources)
     prompt_ids = np.asarray(prompt_ids)
     out: dict[str, float] = {}
     for ds in sorted(set(data_sources.tolist())):
         rows = np.flatnonzero(data_sources == ds)
-        groups = [rows[prompt_ids[rows] == p] for p in np.unique(prompt_ids[rows])]
         for name, vals in values.items():
             vals = np.asarray(vals, np.float64)
-            out[f"val-core/{ds}/{name}/mean@{n}"] = float(vals[rows].mean())
+            has = rows[np.isfinite(vals[rows])]
+            if has.size == 0:
+                continue
+            section = "val-core" if name in CORE_VALIDATION_VALUES else "val-aux"
+            out[f"{section}/{ds}/{name}/mean@{n}"] = float(vals[has].mean())
             if n > 1:
-                out[f"val-core/{ds}/{name}/best@{n}"] = float(np.mean([vals[g].max() for g in groups]))
-                out[f"val-core/{ds}/{name}/worst@{n}"] = float(np.mean([vals[g].min() for g in groups]))
+                groups = [has[prompt_ids[has] == p] for p in np.unique(prompt_ids[has])]
+                out[f"{section}/{ds}/{name}/best@{n}"] = float(np.mean([vals[g].max() for g in groups]))
+                out[f"{section}/{ds}/{name}/worst@{n}"] = float(np.mean([vals[g].min() for g in groups]))
                 if preds is not None:
                     maj = []
                     for g in groups:
                         answers = [preds[i] for i in g]
                         top = max(answers, key=answers.count)  # first seen among the most frequent
                         maj.append(vals[g[answers.index(top)]])
-                    out[f"val-core/{ds}/{name}/maj@{n}"] = float(np.mean(maj))
+                    out[f"{section}/{ds}/{name}/maj@{n}"] = float(np.mean(maj))
     return out
 
 
@@ -301,8 +312,10 @@ def read_metrics(jsonl_path: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def plot_rewards(jsonl_path: Path, out_png: Path, *, score_key: str = "critic/score/mean") -> Path:
-    """Plot the training score and every ``val-core/.../mean@k`` metric against step into ``out_png``."""
+def plot_rewards(jsonl_path: Path, out_png: Path, *, score_key: str = "critic/score/mean",
+                 train_keys: tuple[str, ...] = (), title: str | None = None) -> Path:
+    """Plot the training score (and ``train_keys``, e.g. ``reward/format/mean``), every ``val-core/`` metric and
+    every ``val-aux/.../mean@k`` metric against step into ``out_png``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -310,15 +323,19 @@ def plot_rewards(jsonl_path: Path, out_png: Path, *, score_key: str = "critic/sc
 
     records = read_metrics(jsonl_path)
     fig, ax = plt.subplots(figsize=(7, 4))
-    train = [(r["step"], r[score_key]) for r in records if score_key in r]
-    if train:
-        ax.plot(*zip(*train), label=f"train {score_key}", marker=".")
-    val_keys = sorted({k for r in records for k in r if k.startswith("val-core/")})
+    for key in (score_key, *train_keys):
+        train = [(r["step"], r[key]) for r in records if key in r]
+        if train:
+            ax.plot(*zip(*train), label=f"train {key}", marker=".")
+    val_keys = sorted({k for r in records for k in r
+                       if k.startswith("val-core/") or (k.startswith("val-aux/") and "/mean@" in k)})
     for key in val_keys:
         pts = [(r["step"], r[key]) for r in records if key in r]
         ax.plot(*zip(*pts), label=key, marker="o")
     ax.set_xlabel("step")
     ax.set_ylabel("score")
+    if title:
+        ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

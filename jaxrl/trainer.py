@@ -23,7 +23,7 @@ import numpy as np
 from jaxrl import distributed
 from jaxrl.batch import RLBatch
 from jaxrl.build import Components, build
-from jaxrl.experience import decode_responses, extra_as_array, sampling_params, score_responses
+from jaxrl.experience import decode_responses, extra_means, numeric_extras, sampling_params, score_responses
 from jaxrl.loop import NonFiniteTrainingError, TrainingLoop, export_final_model, setup_run_logging
 from jaxrl.metrics import (batch_metrics, memory_metrics, plot_rewards, rollout_mismatch_metrics, timed,
                            validation_metrics)
@@ -155,8 +155,9 @@ class Trainer(TrainingLoop):
 
         def finish(index: int, prompts, output, timings: dict):
             metrics: dict = {}
-            batch, _ = c.experience.generate_and_score(prompts, seed=self._seed(index), timings=timings,
-                                                       metrics=metrics, output=output)
+            batch, seq = c.experience.generate_and_score(prompts, seed=self._seed(index), timings=timings,
+                                                         metrics=metrics, output=output)
+            metrics.update(extra_means([seq["extras"]]))
             return batch, metrics, prompts.epoch
 
         eos = () if rc.ignore_eos else tuple(getattr(c.rollout, "eos_token_ids", ()))
@@ -269,8 +270,10 @@ class Trainer(TrainingLoop):
             rew = score_responses(c.reward, [r["row"] for r in chunk], out.prompt_index, texts)
             scores = rew.scores if env_rewards is None else rew.scores + env_rewards
             values["reward"].extend(scores.tolist())
-            if "acc" in rew.extra:
-                values.setdefault("acc", []).extend(extra_as_array(rew, "acc", default=rew.scores).tolist())
+            for key, vals in numeric_extras(rew).items():  # acc (val-core), format, ... (val-aux), as verl
+                values.setdefault(key, [np.nan] * (len(values["reward"]) - len(scores))).extend(vals.tolist())
+            for vals in values.values():  # an extra a chunk did not give: NaN, left out of its means
+                vals.extend([np.nan] * (len(values["reward"]) - len(vals)))
             preds.extend(rew.extra.get("pred", [None] * len(texts)))
             sources.extend(chunk[i]["row"].get("data_source", "unknown") for i in out.prompt_index)
             prompt_ids.extend((start + out.prompt_index).tolist())

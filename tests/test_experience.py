@@ -112,6 +112,37 @@ def test_one_round_scores_each_response_on_its_last_token(reward):
     assert set(timings) == {"gen", "reward"}
 
 
+def match_with_extras(data_source, solution_str, ground_truth, extra_info=None):
+    """A reward with verl-style extra outputs: two numeric ones, a text one, and no value for an empty response."""
+    out = {"score": 1.0 if solution_str == ground_truth else -1.0, "acc": float(solution_str == ground_truth),
+           "starts_a": solution_str.startswith("a"), "pred": solution_str}
+    if not solution_str.startswith(("a", "x")):
+        out["long"] = None
+    else:
+        out["long"] = float(len(solution_str) > 2)
+    return out
+
+
+def test_numeric_reward_extras_are_logged_as_reward_key_mean():
+    mgr = RewardManager(match_with_extras, timeout_s=5.0, num_workers=0)
+    try:
+        engine = ScriptedEngine({0: ["ab", "abcd"], 1: ["c", "xy"]})
+        _, metrics = maker(engine, mgr).make_experience(Prompts([0, 1]), seed=0, timings={})
+        assert metrics["reward/acc/mean"] == pytest.approx(0.5)
+        assert metrics["reward/starts_a/mean"] == pytest.approx(0.5)  # bools count as 0 / 1
+        assert metrics["reward/long/mean"] == pytest.approx(1 / 3)  # "c" gave None: out of the mean
+        assert "reward/pred/mean" not in metrics and "reward/score/mean" not in metrics
+        # with dynamic sampling: the mean over every generated response, dropped groups included
+        engine = ScriptedEngine({0: ["ab", "ab"], 1: ["xy", "x"], 2: ["a", "abc"]})
+        mk = maker(engine, mgr, ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=score"])
+        _, metrics = mk.make_experience(Prompts([0, 1], [2, 2]), seed=0, timings={})
+        assert metrics["train/num_gen_batches"] == 2
+        # round 1: ab ab (prompt 0, flat: dropped) xy x; round 2: a abc a abc -> 5 of 8 right
+        assert metrics["reward/acc/mean"] == pytest.approx(5 / 8)
+    finally:
+        mgr.close()
+
+
 def test_overlong_penalty_is_added_before_the_score_is_placed(reward):
     engine = ScriptedEngine({0: ["ab", "abcd"], 1: ["abc", "xy"]})
     mgr = reward(overlong=OverlongBuffer(len=2, penalty_factor=1.0, log=True))

@@ -30,6 +30,18 @@ def test_validation_metrics_single_sample_has_mean_only():
     assert m == {"val-core/a/acc/mean@1": 0.5}
 
 
+def test_validation_metrics_put_extras_under_val_aux_and_skip_failed_calls():
+    nan = float("nan")
+    values = {"reward": np.array([1.0, 0.0, 0.0, 1.0]), "acc": np.array([1.0, nan, 0.0, 1.0]),
+              "format": np.array([1.0, 1.0, 0.0, nan]), "gone": np.array([nan] * 4)}
+    m = validation_metrics(["a"] * 4, np.array([0, 0, 1, 1]), values, None, n=2)
+    assert m["val-core/a/reward/mean@2"] == pytest.approx(0.5)
+    assert m["val-core/a/acc/mean@2"] == pytest.approx(2 / 3)  # the failed call (NaN) is left out
+    assert m["val-aux/a/format/mean@2"] == pytest.approx(2 / 3)
+    assert m["val-aux/a/format/best@2"] == pytest.approx((1.0 + 0.0) / 2)  # prompt 1 has only its 0.0
+    assert not any("gone" in k for k in m) and not any(k.startswith("val-core/a/format") for k in m)
+
+
 def test_logger_writes_jsonl_and_plot(tmp_path):
     logger = MetricsLogger(["jsonl"], tmp_path)
     for step in (1, 2, 3):

@@ -116,7 +116,8 @@ def default_compute_score(
 
     Returns:
         ``{"score": float, "acc": float}`` plus ``"pred"`` (the extracted answer; validation's maj@n votes on it)
-        for the math scorers. ``acc`` is 1.0 for a correct answer and, for the sentiment task, for a story at least
+        for the math scorers; GSM8K also gives ``"format"`` and ``"acc_flexible"``
+        (:func:`jaxrl.rewards.gsm8k.compute_score_with_extras`). ``acc`` is 1.0 for a correct answer and, for the sentiment task, for a story at least
         :data:`jaxrl.rewards.sentiment.HAPPY_THRESHOLD` happy (DAPO's dynamic sampling filters groups on ``acc``).
 
     Raises:
@@ -131,8 +132,7 @@ def default_compute_score(
         raise ValueError(f"math_verifier={math_verifier!r} is not valid; use one of {MATH_VERIFIERS}")
     kind = scorer_name(data_source)
     if kind == "gsm8k":
-        score = float(gsm8k.compute_score(solution_str, ground_truth))
-        return {"score": score, "acc": float(score == 1.0), "pred": gsm8k.extract_solution(solution_str) or ""}
+        return gsm8k.compute_score_with_extras(data_source, solution_str, ground_truth)
     if kind == "math":
         if math_verifier == "math_verify":
             return math_verify_reward.compute_score(solution_str, ground_truth)

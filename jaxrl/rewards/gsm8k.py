@@ -99,3 +99,48 @@ def compute_score(
     if answer is None:
         return 0.0
     return float(score) if numbers_equal(answer, ground_truth) else float(format_score)
+
+
+def compute_score_with_extras(
+    data_source: str,
+    solution_str: str,
+    ground_truth: str,
+    extra_info=None,
+    format_score: float = 0.0,
+    score: float = 1.0,
+) -> dict:
+    """GSM8K reward in verl's reward-function signature, with what a run needs to watch learning.
+
+    ``score`` is :func:`compute_score` with ``method="strict"`` (verl's GSM8K reward; with ``format_score > 0`` a
+    well-formed wrong answer earns it, verl's ``format_score`` argument). Usable as
+    ``custom_reward_function.path=jaxrl/rewards/gsm8k.py custom_reward_function.name=compute_score_with_extras``
+    with ``+custom_reward_function.reward_kwargs.format_score=0.1``; the built-in GSM8K reward
+    (:func:`jaxrl.rewards.default_compute_score`) is this function with ``format_score=0``.
+
+    Args:
+        data_source, extra_info: verl's arguments, unused.
+        solution_str: the response text.
+        ground_truth: the reference number, e.g. ``"72"``.
+        format_score: reward for a ``#### N`` answer that is wrong (verl's default 0.0).
+        score: reward for a correct answer.
+
+    Returns:
+        ``{"score", "acc", "format", "acc_flexible", "pred"}``: ``acc`` 1.0 if the strict answer is correct;
+        ``format`` 1.0 if the response has a ``#### N`` answer at all (the format-following rate's numerator);
+        ``acc_flexible`` 1.0 if the last number anywhere in the response is correct (verl's ``flexible``
+        extraction); ``pred`` the strict answer or ``""``. Training logs the numeric ones as
+        ``reward/<key>/mean``, validation as ``val-core/<data_source>/acc/mean@n`` and
+        ``val-aux/<data_source>/<key>/mean@n``.
+    """
+    del data_source, extra_info
+    answer = extract_solution(solution_str, method="strict")
+    correct = answer is not None and numbers_equal(answer, ground_truth)
+    flexible = extract_solution(solution_str, method="flexible")
+    reward = float(score) if correct else (float(format_score) if answer is not None else 0.0)
+    return {
+        "score": reward,
+        "acc": float(correct),
+        "format": float(answer is not None),
+        "acc_flexible": float(flexible is not None and numbers_equal(flexible, ground_truth)),
+        "pred": answer or "",
+    }

@@ -49,8 +49,10 @@ def test_bad_method():
 
 
 def test_default_compute_score_dispatch():
-    assert default_compute_score("openai/gsm8k", "#### 1,234", "1234") == {"score": 1.0, "acc": 1.0, "pred": "1234"}
-    assert default_compute_score("openai/gsm8k", "#### 1,235", "1234") == {"score": 0.0, "acc": 0.0, "pred": "1235"}
+    assert default_compute_score("openai/gsm8k", "#### 1,234", "1234") == {
+        "score": 1.0, "acc": 1.0, "format": 1.0, "acc_flexible": 1.0, "pred": "1234"}
+    assert default_compute_score("openai/gsm8k", "#### 1,235", "1234") == {
+        "score": 0.0, "acc": 0.0, "format": 1.0, "acc_flexible": 0.0, "pred": "1235"}
     assert default_compute_score("openai/gsm8k", "no answer", "1234")["pred"] == ""
     assert default_compute_score("tinystories/sentiment", "They were happy and smiled.", "") == {"score": 0.5, "acc": 1.0}
     assert default_compute_score("tinystories/sentiment", "They were happy.", "") == {"score": 0.25, "acc": 0.0}
@@ -58,3 +60,28 @@ def test_default_compute_score_dispatch():
         NotImplementedError, match=r"'my/dataset'.*openai/gsm8k.*lighteval/MATH.*tinystories/sentiment.*custom_reward"
     ):
         default_compute_score("my/dataset", "x", "y")
+
+
+@pytest.mark.parametrize("response,score,acc,fmt,flexible", [
+    ("so 48 + 24 = 72\n#### 72", 1.0, 1.0, 1.0, 1.0),
+    ("#### 71", 0.1, 0.0, 1.0, 0.0),  # well formed, wrong: verl's format_score
+    ("The answer is 72", 0.0, 0.0, 0.0, 1.0),  # right number, not the format: flexible only
+    ("#### 72 and then 5 more", 1.0, 1.0, 1.0, 0.0),  # flexible takes the last number
+    ("I do not know.", 0.0, 0.0, 0.0, 0.0),
+])
+def test_compute_score_with_extras_separates_format_strict_and_flexible(response, score, acc, fmt, flexible):
+    out = gsm8k.compute_score_with_extras("openai/gsm8k", response, "72", None, format_score=0.1)
+    assert out["score"] == pytest.approx(score)
+    assert (out["acc"], out["format"], out["acc_flexible"]) == (acc, fmt, flexible)
+    assert out["pred"] == (gsm8k.extract_solution(response) or "")
+
+
+def test_compute_score_with_extras_loads_as_a_custom_reward_with_verl_kwargs():
+    from pathlib import Path
+
+    from jaxrl.rewards.custom import load_custom_reward_fn
+
+    fn = load_custom_reward_fn(str(Path(gsm8k.__file__)), "compute_score_with_extras",
+                               reward_kwargs={"format_score": 0.1})
+    out = fn(data_source="openai/gsm8k", solution_str="#### 9", ground_truth="72", extra_info=None)
+    assert out["score"] == pytest.approx(0.1) and out["format"] == 1.0 and out["acc"] == 0.0
