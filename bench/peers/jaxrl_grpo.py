@@ -15,6 +15,13 @@ validation, no checkpoints). Per-step wall times (seconds) come from the run's `
 ``timing_s/step`` (total), ``timing_s/gen``, ``timing_s/old_log_prob`` (logprob), ``timing_s/update_actor``
 (update); response tokens per step are ``response_length/mean x rows``. ``--steps`` counts every step, the
 warm-up included (the harness drops the first ``bench.workload.WARMUP_STEPS``).
+
+``--workload gsm8k``: the dataset rows hold the GSM8K chat messages (jaxrl applies the tokenizer's chat template
+with the generation prompt), prompts <= 256 tokens, responses stop at EOS or 128 tokens (no ``ignore_eos``),
+padded rows and micro-batches of 8 rows spelled out (``use_remove_padding=false``, ``use_dynamic_bsz=false``).
+``--packed`` turns on packed rows and token-budget micro-batches instead (``use_remove_padding=true``,
+``use_dynamic_bsz=true``, ``ppo_max_token_len_per_gpu`` and the rollout's ``log_prob_max_token_len_per_gpu``
+1024, ``log_prob_use_dynamic_bsz=true``).
 """
 
 from __future__ import annotations
@@ -51,25 +58,35 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 
-def write_dataset(path: Path) -> int:
-    """Write the workload's prompts to ``path`` as verl-format jsonl rows; returns the row count."""
+def write_dataset(path: Path, workload: W.Workload = W.FIXED) -> int:
+    """Write the workload's prompts to ``path`` as verl-format jsonl rows (``prompt``: the text, or the chat
+    messages for a chat workload); returns the row count."""
     rows = [
-        {"data_source": DATA_SOURCE, "prompt": text, "ability": "story",
+        {"data_source": DATA_SOURCE, "prompt": prompt, "ability": "math" if workload.chat else "story",
          "reward_model": {"style": "rule", "ground_truth": ""}, "extra_info": {"index": i}}
-        for i, text in enumerate(W.prompts())
+        for i, prompt in enumerate(workload.prompts())
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return len(rows)
 
 
-def overrides(model_dir: Path, run_dir: Path, steps: int, *, ignore_eos: bool, old_pass: bool = True) -> list[str]:
-    """The ``key=value`` overrides that turn ``configs/quickstart.yaml`` into the shared workload."""
+PADDED = ["actor_rollout_ref.model.use_remove_padding=false", "actor_rollout_ref.actor.use_dynamic_bsz=false"]
+PACKED = ["actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.actor.use_dynamic_bsz=true",
+          f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={W.GSM8K_TOKEN_BUDGET}",
+          "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+          f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={W.GSM8K_TOKEN_BUDGET}"]
+
+
+def overrides(model_dir: Path, run_dir: Path, steps: int, *, ignore_eos: bool, old_pass: bool = True,
+              workload: W.Workload = W.FIXED, packed: bool = False) -> list[str]:
+    """The ``key=value`` overrides that turn ``configs/quickstart.yaml`` into the shared workload (``packed``:
+    :data:`PACKED` rows and token-budget micro-batches; a non-fixed workload without it spells out :data:`PADDED`)."""
     ov = [
         f"data.train_files={run_dir / 'train.jsonl'}",
         "data.val_files=null",
         f"data.train_batch_size={W.NUM_PROMPTS}",
-        f"data.max_prompt_length={W.MAX_PROMPT_LENGTH}",
-        f"data.max_response_length={W.RESPONSE_LENGTH}",
+        f"data.max_prompt_length={workload.max_prompt_length}",
+        f"data.max_response_length={workload.response_length}",
         "data.shuffle=false",
         f"actor_rollout_ref.model.path={model_dir}",
         "actor_rollout_ref.model.dtype=float32",
@@ -115,6 +132,10 @@ def overrides(model_dir: Path, run_dir: Path, steps: int, *, ignore_eos: bool, o
         ov.append(f"{IGNORE_EOS_KEY}=true")
     if not old_pass:  # on-policy: the loss uses stop_gradient(current log-probs) as pi_old, like TRL/Tunix here
         ov.append("actor_rollout_ref.actor.recompute_old_log_prob=false")
+    if packed:
+        ov += PACKED
+    elif workload is not W.FIXED:  # the fixed workload's overrides stay what they always were
+        ov += PADDED
     return ov
 
 
@@ -153,8 +174,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=W.WARMUP_STEPS + W.MEASURED_STEPS,
                    help="GRPO steps in all, warm-up included (default %(default)s)")
     p.add_argument("--out", required=True, type=Path, help="result JSON file (workload schema)")
-    p.add_argument("--ignore-eos", choices=("on", "off"), default="on",
-                   help="pass rollout.ignore_eos=true so every response has the workload's length (default on)")
+    p.add_argument("--workload", choices=tuple(W.WORKLOADS), default="fixed", help="bench.workload (default fixed)")
+    p.add_argument("--packed", action="store_true",
+                   help="packed rows + token-budget micro-batches (use_remove_padding, use_dynamic_bsz, "
+                        f"{W.GSM8K_TOKEN_BUDGET} tokens)")
+    p.add_argument("--ignore-eos", choices=("on", "off"), default=None,
+                   help="pass rollout.ignore_eos=true so every response has the workload's length (default: on for "
+                        "the fixed workload, off for gsm8k)")
     p.add_argument("--no-old-log-prob", action="store_true",
                    help="actor_rollout_ref.actor.recompute_old_log_prob=false: no separate old-log-prob pass "
                         "(what TRL and Tunix do with num_iterations=1)")
@@ -167,20 +193,22 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--model-dir {str(model_dir)!r} is not a Hugging Face model directory (no config.json)")
 
     notes: list[str] = []
-    ignore_eos = args.ignore_eos == "on"
-    if not ignore_eos:
-        notes.append(f"{IGNORE_EOS_KEY} not set: responses may end at EOS before {W.RESPONSE_LENGTH} tokens")
+    workload = W.get(args.workload)
+    ignore_eos = args.ignore_eos == "on" if args.ignore_eos else workload.exact_length
+    if not ignore_eos and workload.exact_length:
+        notes.append(f"{IGNORE_EOS_KEY} not set: responses may end at EOS before {workload.response_length} tokens")
 
     out = args.out.resolve()
     run_dir = out.parent / f"{out.stem}-{args.model_name}"
     if (run_dir / "run").exists():
         shutil.rmtree(run_dir / "run")  # a fresh run: no stale metrics, no resume
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_dataset(run_dir / "train.jsonl")
+    write_dataset(run_dir / "train.jsonl", workload)
     (run_dir / "reward_fn.py").write_text(REWARD_FILE, encoding="utf-8")
 
     cmd = [sys.executable, "-m", "jaxrl.train", "--config", str(CONFIG),
-           *overrides(model_dir, run_dir, args.steps, ignore_eos=ignore_eos, old_pass=not args.no_old_log_prob)]
+           *overrides(model_dir, run_dir, args.steps, ignore_eos=ignore_eos, old_pass=not args.no_old_log_prob,
+                      workload=workload, packed=args.packed)]
     log_path = run_dir / "train.log"
     t0 = time.perf_counter()
     with open(log_path, "w", encoding="utf-8") as log:
@@ -212,6 +240,13 @@ def main(argv: list[str] | None = None) -> int:
     notes.append("total_s = timing_s/step: gen + reward + old_log_prob + adv + update_actor + sync "
                  "(no ref: KL off)" + ("; recompute_old_log_prob=false: no old_log_prob phase" if args.no_old_log_prob
                                        else ""))
+    if not workload.exact_length:
+        notes.append(f"{workload.name}: prompts = chat messages in the dataset, rendered by jaxrl with the "
+                     f"tokenizer's chat template (generation prompt on); responses stop at EOS or "
+                     f"{workload.response_length} tokens; " + (
+                         "packed rows + token-budget micro-batches: " + ", ".join(PACKED) if args.packed else
+                         f"padded rows, micro-batches of {W.MICRO_BATCH} rows: " + ", ".join(PADDED)))
+        notes.append("loss aggregation: jaxrl's default loss_agg_mode 'token-mean' (verl's)")
     W.write_result(out, "jaxrl", f"jaxrl {jaxrl.__version__}", args.model_name, steps, notes)
     return 0
 

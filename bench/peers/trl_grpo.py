@@ -23,6 +23,12 @@ generation and optimizer steps are aligned, as here, so this is 0); ``update_s``
 micro-batches (``training_step`` less its ``_prepare_inputs``) + grad clip + ``optimizer.step`` + zero_grad;
 ``reward_s`` = ``_calculate_rewards``. ``--steps`` counts every step, the warm-up included (the harness drops
 the first ``bench.workload.WARMUP_STEPS``).
+
+``--workload gsm8k``: the dataset's prompts are the GSM8K chat messages (``[{"role": "user", ...}]``, TRL's
+conversational format: ``GRPOTrainer`` applies the tokenizer's chat template with the generation prompt and hands
+the reward function assistant messages), ``max_completion_length`` 128 and no ``min_new_tokens``: responses stop
+at EOS (``generate`` stops when every row has ended). Response tokens per step = the ``completion_mask`` sum (the
+EOS token included).
 """
 
 from __future__ import annotations
@@ -42,13 +48,34 @@ ROWS = W.NUM_PROMPTS * W.GROUP_SIZE
 GRAD_ACCUM = ROWS // W.MICRO_BATCH  # micro-batches per optimizer step
 
 
-def reward_fn(completions: list[str], **kwargs) -> list[float]:
-    """TRL reward function: :func:`bench.workload.reward` of each (plain-text) completion."""
-    return [W.reward(c) for c in completions]
+def completion_text(completion) -> str:
+    """The text of one TRL completion: a string (standard format) or, for conversational prompts, the list of
+    generated messages (``[{"role": "assistant", "content": ...}]``), whose contents are joined."""
+    if isinstance(completion, str):
+        return completion
+    return "".join(m["content"] for m in completion)
 
 
-def build_trainer(model_dir: Path, steps: int, work_dir: Path):
-    """The timed ``GRPOTrainer`` (and its timing callback) for the workload on ``model_dir``."""
+def reward_fn(completions: list, **kwargs) -> list[float]:
+    """TRL reward function: :func:`bench.workload.reward` of each completion's text (:func:`completion_text`)."""
+    return [W.reward(completion_text(c)) for c in completions]
+
+
+def prompt_lengths(tok, prompts: list) -> list[int]:
+    """Token counts of the prompts as ``GRPOTrainer`` tokenizes them: plain text as is, chat messages through the
+    tokenizer's chat template with the generation prompt."""
+    out = []
+    for p in prompts:
+        if isinstance(p, str):
+            out.append(len(tok(p)["input_ids"]))
+        else:
+            ids = tok.apply_chat_template(p, add_generation_prompt=True, tokenize=True)
+            out.append(len(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    return out
+
+
+def build_trainer(model_dir: Path, steps: int, work_dir: Path, workload: W.Workload = W.FIXED):
+    """The timed ``GRPOTrainer`` (and its timing callback) for ``workload`` on ``model_dir``."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -147,10 +174,11 @@ def build_trainer(model_dir: Path, steps: int, work_dir: Path):
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    dataset = Dataset.from_dict({"prompt": W.prompts()})
-    too_long = [len(ids) for ids in tok(W.prompts())["input_ids"] if len(ids) > W.MAX_PROMPT_LENGTH]
+    prompts = workload.prompts()
+    dataset = Dataset.from_dict({"prompt": prompts})
+    too_long = [n for n in prompt_lengths(tok, prompts) if n > workload.max_prompt_length]
     if too_long:  # TRL 1.x has no max_prompt_length: the workload's prompts must fit as they are
-        raise ValueError(f"prompts of {too_long} tokens exceed MAX_PROMPT_LENGTH={W.MAX_PROMPT_LENGTH}")
+        raise ValueError(f"prompts of {too_long} tokens exceed max_prompt_length={workload.max_prompt_length}")
 
     config = GRPOConfig(
         output_dir=str(work_dir),
@@ -165,15 +193,16 @@ def build_trainer(model_dir: Path, steps: int, work_dir: Path):
         steps_per_generation=GRAD_ACCUM,  # generation_batch_size = 8 x 4 = 32 = all rows: one generation per step
         num_generations=W.GROUP_SIZE,
         num_iterations=1,
-        max_completion_length=W.RESPONSE_LENGTH,
-        generation_kwargs={"min_new_tokens": W.RESPONSE_LENGTH},  # EOS suppressed: exactly 32 tokens
+        max_completion_length=workload.response_length,
+        # fixed: EOS suppressed, exactly 32 tokens; gsm8k: nothing, responses stop at EOS
+        generation_kwargs={"min_new_tokens": workload.response_length} if workload.exact_length else None,
         temperature=W.TEMPERATURE,
         top_p=1.0,
         top_k=0,
         beta=0.0,
         epsilon=W.CLIP_EPS,
         loss_type="grpo",
-        mask_truncated_completions=False,  # every completion ends at the length limit by construction
+        mask_truncated_completions=False,  # fixed: all end at the limit; gsm8k: truncated ones train (as jaxrl)
         learning_rate=W.LEARNING_RATE,
         lr_scheduler_type="constant",
         warmup_steps=0,
@@ -208,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=W.WARMUP_STEPS + W.MEASURED_STEPS,
                    help="GRPO steps in all, warm-up included (default %(default)s)")
     p.add_argument("--out", required=True, type=Path, help="result JSON file (workload schema)")
+    p.add_argument("--workload", choices=tuple(W.WORKLOADS), default="fixed", help="bench.workload (default fixed)")
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error(f"--steps must be >= 1, got {args.steps}")
@@ -221,17 +251,25 @@ def main(argv: list[str] | None = None) -> int:
 
     out = args.out.resolve()
     work_dir = out.parent / f"trl-{args.model_name}"
+    workload = W.get(args.workload)
     t0 = time.perf_counter()
-    trainer = build_trainer(model_dir, args.steps, work_dir)
+    trainer = build_trainer(model_dir, args.steps, work_dir, workload)
     t_built = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - t0
     steps = trainer.step_records
     if len(steps) != args.steps:
         raise ValueError(f"GRPOTrainer ran {len(steps)} optimizer steps, expected --steps={args.steps}")
-    bad = [s["response_tokens"] for s in steps if s["response_tokens"] != ROWS * W.RESPONSE_LENGTH]
-    if bad:
-        raise ValueError(f"response tokens per step {bad}, expected {ROWS * W.RESPONSE_LENGTH} (32 x 32)")
+    cap = workload.max_response_tokens(ROWS)
+    if workload.exact_length:
+        bad = [s["response_tokens"] for s in steps if s["response_tokens"] != cap]
+        if bad:
+            raise ValueError(f"response tokens per step {bad}, expected {cap} ({ROWS} x {workload.response_length})")
+    else:
+        bad = [s["response_tokens"] for s in steps if not 0 < s["response_tokens"] <= cap]
+        if bad:
+            raise ValueError(f"response tokens per step {bad}, expected 1-{cap} "
+                             f"({ROWS} x <= {workload.response_length})")
 
     cfg = trainer.args
     notes = [
@@ -246,17 +284,27 @@ def main(argv: list[str] | None = None) -> int:
         f"optim={getattr(cfg.optim, 'value', cfg.optim)!r}, lr={cfg.learning_rate} "
         f"({getattr(cfg.lr_scheduler_type, 'value', cfg.lr_scheduler_type)}), max_grad_norm={cfg.max_grad_norm}, "
         f"activation_checkpointing={cfg.activation_checkpointing}, fp32 (bf16={cfg.bf16}), use_cpu={cfg.use_cpu}",
-        "loss_type 'grpo' = per-sequence token mean then batch mean (all completions are 32 tokens, so 'bnpo'/'dapo' "
-        "would give the same loss); advantages = (r - group mean) / group std (scale_rewards='group')",
+        ("loss_type 'grpo' = per-sequence token mean then batch mean (all completions are 32 tokens, so 'bnpo'/'dapo' "
+         "would give the same loss)" if workload.exact_length else
+         "loss_type 'grpo' = per-sequence token mean then batch mean (with ragged lengths not jaxrl's token-mean: "
+         "the same work, a different weighting)")
+        + "; advantages = (r - group mean) / group std (scale_rewards='group')",
         "logprob_s: TRL computes no separate old-policy log-prob pass when generation and optimizer steps are aligned "
         "(num_iterations=1, steps_per_generation == gradient_accumulation_steps): the ratio uses the loss forward's "
         "own detached log-probs, so logprob_s is 0 and that work is inside update_s",
         "gen_s = GRPOTrainer._generate (tokenize + HF model.generate with KV cache, sdpa attention + decode); "
         "update_s = 4 micro-batch forward+backward + grad clip + AdamW step; total_s also holds reward, "
         "advantages, batch split/shuffle and the dataloader fetch",
-        "max_prompt_length: TRL 1.x has no such option; all 8 prompts are <= 24 tokens, under the workload's 64",
+        f"max_prompt_length: TRL 1.x has no such option; the {W.NUM_PROMPTS} prompts are <= "
+        f"{max(prompt_lengths(trainer.processing_class, workload.prompts()))} tokens, under the workload's "
+        f"{workload.max_prompt_length}",
         f"process wall {wall:.1f} s (trainer build incl. model load {t_built - t0:.1f} s)",
     ]
+    if workload.chat:
+        notes.append(f"{workload.name}: conversational prompts ([{{'role': 'user', ...}}]); GRPOTrainer applies the "
+                     "tokenizer's chat template with the generation prompt; generate stops at EOS "
+                     f"(max_completion_length {workload.response_length}); response tokens = completion_mask sum "
+                     "(EOS included)")
     W.write_result(out, "trl", f"trl {trl.__version__}", args.model_name, steps, notes)
     return 0
 

@@ -34,6 +34,14 @@ Tunix's own perf tracer (``PerfMetricsConfig`` with ``PerfMetricsExport.from_clu
 ``perf/global_step_time``, ``perf/sum/rollout_time`` and ``perf/sum/actor_train_time`` are added to each step
 record as ``tunix_perf_*`` for comparison. ``--steps`` counts every step, the warm-up included (the harness drops
 the first ``bench.workload.WARMUP_STEPS``).
+
+``--workload gsm8k``: each GSM8K chat turn is rendered to text by the tokenizer's chat template with the generation
+prompt (Tunix's prompts are strings; its sampler re-adds the BOS id the template already starts with and then drops
+the duplicate, so the ids are the template's), ``max_tokens_to_generate=128``, ``max_prompt_length=256`` (what
+Tunix's sampler picks by itself for these prompts: the next power of 2 of the longest), and the model's real EOS
+ids in ``RolloutConfig.eos_tokens``: the decode loop stops once every row has hit one. Response tokens per step
+count the generated tokens with the stopping EOS (:func:`generated_tokens`), as TRL's and jaxrl's counts do; Tunix
+itself trains on the tokens before the EOS (``response_tokens_trained`` in each step record).
 """
 
 from __future__ import annotations
@@ -60,6 +68,33 @@ def _version(pkg: str) -> str:
         return importlib.metadata.version(pkg)
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
+
+
+def eos_ids(model_dir: Path, tokenizer) -> list[int]:
+    """The ids that end a response: the model's ``config.json`` / ``generation_config.json`` ``eos_token_id`` (an
+    id or a list) and the tokenizer's ``eos_token_id``, sorted.
+
+    Raises:
+      ValueError: none is set.
+    """
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        f = model_dir / name
+        if f.is_file():
+            e = json.loads(f.read_text(encoding="utf-8")).get("eos_token_id")
+            ids.update([e] if isinstance(e, int) else (e or []))
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    if not ids:
+        raise ValueError(f"{model_dir}: no eos_token_id in config.json, generation_config.json or the tokenizer")
+    return sorted(ids)
+
+
+def generated_tokens(completion_lengths: list[int], cap: int) -> int:
+    """Tokens the sampler generated for completions of ``completion_lengths`` tokens (Tunix's ``tokens``: cut before
+    the first EOS): a completion shorter than ``cap`` ended at a generated EOS, one more token; one of ``cap`` tokens
+    hit the limit."""
+    return sum(min(n + 1, cap) for n in completion_lengths)
 
 
 def model_config(model_dir: Path):
@@ -129,6 +164,14 @@ def load_model(model_dir: Path, family: str, cfg, mesh):
     return model, sum(int(x.size) for x in leaves)
 
 
+def _dedup_bos(ids: list[int], bos: int | None) -> list[int]:
+    """``ids`` without repeats of a leading BOS (Tunix's ``TokenizerAdapter.dedup_bos_ids``)."""
+    i = 0
+    while bos is not None and i < len(ids) - 1 and ids[i] == ids[i + 1] == bos:
+        i += 1
+    return ids[i:]
+
+
 class StepTimes:
     """Per-GRPO-step wall times gathered at the subclass boundaries (thread-safe: rollout runs in a worker)."""
 
@@ -140,7 +183,7 @@ class StepTimes:
     def begin(self, step: int) -> None:
         with self.lock:
             self.cur = {"step": step, "t0": time.perf_counter(), "cpu0": time.process_time(), "gen_s": 0.0,
-                        "response_tokens": 0, "update_t0": None, "rewards": []}
+                        "response_tokens": 0, "response_tokens_trained": 0, "update_t0": None, "rewards": []}
 
     def add(self, key: str, value) -> None:
         with self.lock:
@@ -166,14 +209,16 @@ class StepTimes:
             "logprob_s": None,
             "update_s": t1 - c["update_t0"],
             "response_tokens": c["response_tokens"],
+            "response_tokens_trained": c["response_tokens_trained"],
             "other_s": (c["update_t0"] - c["t0"]) - c["gen_s"],  # data prep, rewards, advantages, host->device
             "cpu_s": cpu1 - c["cpu0"],  # process CPU time (all threads) of the step: > total_s means parallelism
             "score_mean": sum(c["rewards"]) / len(c["rewards"]) if c["rewards"] else None,
         })
 
 
-def build_classes(times: StepTimes):
-    """``(TimedRLCluster, TimedGRPOLearner)``: Tunix's classes with timing at their public/step boundaries."""
+def build_classes(times: StepTimes, cap: int):
+    """``(TimedRLCluster, TimedGRPOLearner)``: Tunix's classes with timing at their public/step boundaries (``cap``:
+    the most tokens a response can have, for :func:`generated_tokens`)."""
     import jax
     from flax import nnx
     from tunix.rl import rl_cluster as rl_cluster_lib
@@ -184,7 +229,9 @@ def build_classes(times: StepTimes):
             t0 = time.perf_counter()
             out = super().generate(*args, **kwargs)
             times.add("gen_s", time.perf_counter() - t0)
-            times.add("response_tokens", int(sum(len(t) for t in out.tokens)))
+            lengths = [len(t) for t in out.tokens]
+            times.add("response_tokens", generated_tokens(lengths, cap))
+            times.add("response_tokens_trained", int(sum(lengths)))
             return out
 
         def update_actor(self, train_ds, eval_ds, skip_jit=False):
@@ -203,8 +250,8 @@ def build_classes(times: StepTimes):
     return TimedRLCluster, TimedGRPOLearner
 
 
-def run(model_dir: Path, model_name: str, steps: int) -> dict:
-    """Run ``steps`` Tunix GRPO steps of the workload on ``model_dir``; returns the result dict (schema)."""
+def run(model_dir: Path, model_name: str, steps: int, workload: W.Workload = W.FIXED) -> dict:
+    """Run ``steps`` Tunix GRPO steps of ``workload`` on ``model_dir``; returns the result dict (schema)."""
     import jax
     import numpy as np
     import optax
@@ -226,13 +273,17 @@ def run(model_dir: Path, model_name: str, steps: int) -> dict:
     t_loaded = time.perf_counter()
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir))
-    prompts = W.prompts()
-    # Tunix's sampler prepends the BOS id when the tokenizer has one, then left-pads to max_prompt_length.
+    prompts = workload.prompts()
+    if workload.chat:  # Tunix takes prompt strings: the chat template's text, generation prompt included
+        prompts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in prompts]
+    # Tunix's sampler prepends the BOS id when the tokenizer has one (dropping a duplicate), then left-pads to
+    # max_prompt_length.
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id else []
-    lens = [len(bos + tokenizer.encode(p)) for p in prompts]
-    if max(lens) > W.MAX_PROMPT_LENGTH:
-        raise ValueError(f"prompt of {max(lens)} tokens > max_prompt_length {W.MAX_PROMPT_LENGTH}: Tunix's sampler "
-                         "would widen the prompt window instead of truncating")
+    lens = [len(_dedup_bos(bos + tokenizer.encode(p), tokenizer.bos_token_id)) for p in prompts]
+    if max(lens) > workload.max_prompt_length:
+        raise ValueError(f"prompt of {max(lens)} tokens > max_prompt_length {workload.max_prompt_length}: Tunix's "
+                         "sampler would widen the prompt window instead of truncating")
+    eos = eos_ids(model_dir, tokenizer) if not workload.exact_length else [-1]
 
     def reward_fn(prompts, completions, **kwargs):
         rs = [float(W.reward(c)) for c in completions]
@@ -264,19 +315,20 @@ def run(model_dir: Path, model_name: str, steps: int) -> dict:
             checkpoint_root_directory=None,
         ),
         rollout_config=base_rollout.RolloutConfig(
-            max_tokens_to_generate=W.RESPONSE_LENGTH,
-            max_prompt_length=W.MAX_PROMPT_LENGTH,
-            kv_cache_size=W.MAX_PROMPT_LENGTH + W.RESPONSE_LENGTH,
+            max_tokens_to_generate=workload.response_length,
+            max_prompt_length=workload.max_prompt_length,
+            kv_cache_size=workload.max_prompt_length + workload.response_length,
             temperature=W.TEMPERATURE,
             top_p=1.0,
             top_k=None,
-            eos_tokens=[-1],  # no token has id -1: never stop early, exactly RESPONSE_LENGTH tokens per response
+            # fixed: no token has id -1, never stop early, exactly RESPONSE_LENGTH tokens per response; gsm8k: real EOS
+            eos_tokens=eos,
         ),
     )
     perf_config = perf_metrics.PerfMetricsConfig(
         custom_export_fn=perf_export.PerfMetricsExport.from_cluster_config(cluster_config))
     times = StepTimes()
-    TimedRLCluster, TimedGRPOLearner = build_classes(times)
+    TimedRLCluster, TimedGRPOLearner = build_classes(times, workload.response_length)
     cluster = TimedRLCluster(actor=model, reference=None, tokenizer=tokenizer, cluster_config=cluster_config,
                              perf_config=perf_config)
     tunix_perf: dict[int, dict] = {}
@@ -308,24 +360,29 @@ def run(model_dir: Path, model_name: str, steps: int) -> dict:
         rec.update(tunix_perf.get(rec["step"], {}))
     tokens = [r["response_tokens"] for r in times.steps]
     rows = W.NUM_PROMPTS * W.GROUP_SIZE
-    if any(t != rows * W.RESPONSE_LENGTH for t in tokens):
-        notes.append(f"response tokens per step {tokens} != {rows} x {W.RESPONSE_LENGTH}")
+    if workload.exact_length and any(t != rows * workload.response_length for t in tokens):
+        notes.append(f"response tokens per step {tokens} != {rows} x {workload.response_length}")
     notes += [
         f"Tunix {_version('google-tunix')} GRPOLearner + RLCluster (vanilla rollout = tunix Sampler, actor/rollout "
         f"colocated on one CPU mesh, no reference model), {family} model loaded from the HF safetensors by "
         f"tunix.models.{family}.params ({n_params / 1e6:.1f} M params, float32)",
         f"jax {jax.__version__}, flax {_version('flax')}, optax {_version('optax')}, backend {jax.default_backend()} "
         f"({len(devices)} device(s), first one used)",
-        "exactly 32 tokens per response via RolloutConfig.eos_tokens=[-1] (no early stop); Tunix pads with the "
-        "tokenizer pad id (= EOS id 2 for these tokenizers), so a sampled id 2 inside a response would be masked "
-        "out of the loss",
+        ("exactly 32 tokens per response via RolloutConfig.eos_tokens=[-1] (no early stop); Tunix pads with the "
+         "tokenizer pad id (= EOS id 2 for these tokenizers), so a sampled id 2 inside a response would be masked "
+         "out of the loss") if workload.exact_length else
+        (f"{workload.name}: prompts = the chat template's text (generation prompt on), RolloutConfig.eos_tokens="
+         f"{eos} (the decode loop ends when every row has hit one), max_tokens_to_generate "
+         f"{workload.response_length}; response tokens = generated tokens incl. the stopping EOS (Tunix's loss mask "
+         f"stops before it: response_tokens_trained {[r['response_tokens_trained'] for r in times.steps]})"),
         "one optimizer step per GRPO step: mini_batch_size 8 prompts, train_micro_batch_size 2 prompts "
         "(= 8 rows) -> optax.MultiSteps over 4 micro-batches (mean of their gradients), then "
         "clip_by_global_norm(1.0) + adamw(1e-6, wd 0)",
         "logprob_s null: with beta 0 and num_iterations 1 Tunix runs no separate old/ref log-prob pass (old "
         "log-probs = stop_gradient of the training forward); that work is inside update_s",
         "loss aggregation: Tunix GRPOConfig default loss_agg_mode 'sequence-mean-token-mean'",
-        "Tunix's sampler prepends the tokenizer's BOS id to each prompt and left-pads prompts to 64 tokens; its "
+        f"Tunix's sampler prepends the tokenizer's BOS id to each prompt (dropping a duplicate) and left-pads prompts "
+        f"to {workload.max_prompt_length} tokens (longest here: {max(lens)}); its "
         "sampling seed is RolloutConfig.seed=None -> PRNGKey(0) every step (timing is unaffected)",
         "total_s/gen_s/update_s: subclass boundaries (step ended by block_until_ready on the weights); "
         "tunix_perf_*: Tunix's own perf tracer (PerfMetricsExport) for comparison; cpu_s: process CPU time "
@@ -343,11 +400,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-name", required=True)
     p.add_argument("--steps", type=int, default=W.WARMUP_STEPS + W.MEASURED_STEPS)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--workload", choices=tuple(W.WORKLOADS), default="fixed", help="bench.workload (default fixed)")
     a = p.parse_args(argv)
     if a.steps < 1:
         p.error(f"--steps must be >= 1, got {a.steps}")
     try:
-        result = run(a.model_dir.resolve(), a.model_name, a.steps)
+        result = run(a.model_dir.resolve(), a.model_name, a.steps, W.get(a.workload))
     except Exception as e:  # noqa: BLE001 - the harness reads the error from the JSON
         traceback.print_exc()
         W.write_result(a.out, "tunix", _version("google-tunix"), a.model_name, [], [], error=f"{type(e).__name__}: {e}")
