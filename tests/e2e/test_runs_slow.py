@@ -61,8 +61,14 @@ def test_gsm8k_smollm2_two_steps(shared, tmp_path):
     for r in train:
         assert r["timing_s/gen"] > 0 and r["timing_s/update_actor"] > 0
         assert np.isfinite(r["actor/pg_loss"]) and "actor/kl_loss" in r
+        # the GSM8K scorer's extra outputs, the mean over the step's 16 responses
+        assert all(0 <= r[f"reward/{k}/mean"] <= 1 for k in ("acc", "format", "acc_flexible"))
+        assert r["reward/format/mean"] >= r["reward/acc/mean"]  # a strict-correct answer is well formed
     val = [r for r in records if "val-core/openai/gsm8k/reward/mean@1" in r]
     assert [r["step"] for r in val] == [2]  # at the last step (trainer.test_freq)
+    assert "val-aux/openai/gsm8k/format/mean@1" in val[0] and "val-aux/openai/gsm8k/acc_flexible/mean@1" in val[0]
+    assert "val-core/openai/gsm8k/acc/mean@1" in val[0] and not any(k.startswith("val-core/") and "format" in k
+                                                                     for k in val[0])
     assert (out / "reward.png").exists()
 
 

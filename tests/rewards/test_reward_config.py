@@ -112,3 +112,18 @@ def test_verl_reward_loop_keys_are_accepted_with_their_defaults_only():
                                       "reward_model.reward_loop_source"}
     assert "user-defined manager classes are not supported" in _error(["reward_model.reward_loop_source=importlib"])
     assert "(valid: 'data_source')" in _error(["data.reward_fn_key=source"])
+
+
+def test_the_cpu_hour_gsm8k_config_scores_format_with_verls_format_score(monkeypatch):
+    """configs/gsm8k_grpo_smollm2_135m_cpu_hour.yaml: its custom reward (the repo's GSM8K scorer by file path, as
+    verl's custom_reward_function takes it) loads from the repo root and gives 0.1 for a wrong '#### N' answer."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(repo)  # the README runs every config from the repo root
+    cfg = load_config("configs/gsm8k_grpo_smollm2_135m_cpu_hour.yaml", ["reward_model.num_workers=0"])
+    assert cfg.custom_reward_function.name == "compute_score_with_extras"
+    with build_reward_manager(cfg) as mgr:
+        out = mgr.score(["openai/gsm8k"] * 3, ["#### 72", "#### 5", "it is 72"], ["72"] * 3, [None] * 3)
+        assert out.scores.tolist() == pytest.approx([1.0, 0.1, 0.0])
+        assert out.extra["format"] == [1.0, 1.0, 0.0] and out.extra["acc_flexible"] == [1.0, 0.0, 1.0]
