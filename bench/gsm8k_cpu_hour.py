@@ -10,7 +10,7 @@ exits cleanly), and summarises its ``metrics.jsonl``:
   (``val-aux/.../acc_flexible``), against the step and the minutes since the run started;
 * training in windows of 5 steps: the format rate of the sampled responses (``reward/format/mean``), the score,
   the response length and the share of responses cut at 128 tokens;
-* the median step time and the peak resident memory (``perf/cpu_memory_used_gb``).
+* the median step time and the largest resident memory logged (``perf/cpu_memory_used_gb``, the RSS at the end of each step).
 
 Minutes are the sum of the run's own ``timing_s/step`` and ``timing_s/testing`` (validation), so process start
 and model load (about 15 s) are not in them.
@@ -137,7 +137,7 @@ def plot(summary: dict, out_png: Path) -> Path:
                     label=f"validation: {'accuracy, flexible extraction' if key == 'acc_flexible' else 'accuracy'}")
     ax.set_xlabel("minutes of training (2 CPU cores)")
     ax.set_ylabel("fraction of responses")
-    ax.set_title("GRPO, SmolLM2-135M-Instruct on GSM8K: responses ending in '#### N'", fontsize=9)
+    ax.set_title("GRPO, SmolLM2-135M-Instruct on GSM8K: share of responses with a '#### N' answer", fontsize=9)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
@@ -150,11 +150,11 @@ def plot(summary: dict, out_png: Path) -> Path:
 
 def markdown(summary: dict, command: str) -> list[str]:
     lines = header_lines("Does GSM8K learn on a 2-core CPU within an hour? (SmolLM2-135M-Instruct, GRPO)", command, [
-        f"- config: `{CONFIG}` (4 prompts x n=4, temperature 0.7, responses <= 128 tokens, lr 1e-5, verl's GSM8K "
+        f"config: `{CONFIG}` (4 prompts x n=4, temperature 0.7, responses <= 128 tokens, lr 1e-5, verl's GSM8K "
         "reward with format_score 0.1, greedy validation on the first 64 test questions every 10 steps)",
-        f"- run: {summary['steps']} steps in {summary['minutes']:.1f} minutes of steps and validation; median step "
-        f"{summary['step_s_median']:.1f} s; peak RSS {summary['peak_rss_gb']:.2f} GB",
-        f"- plot: `{PLOT.relative_to(ROOT)}`",
+        f"run: {summary['steps']} steps in {summary['minutes']:.1f} minutes of steps and validation; median step "
+        f"{summary['step_s_median']:.1f} s; largest RSS logged {summary['peak_rss_gb']:.2f} GB",
+        f"plot: `{PLOT.relative_to(ROOT)}`",
     ])
     lines += ["", "### Validation (greedy)", "", "| step | minutes | format rate | accuracy (strict) | "
               "accuracy (flexible) |", "|---:|---:|---:|---:|---:|"]
