@@ -10,7 +10,8 @@ exits cleanly), and summarises its ``metrics.jsonl``:
   (``val-aux/.../acc_flexible``), against the step and the minutes since the run started;
 * training in windows of 5 steps: the format rate of the sampled responses (``reward/format/mean``), the score,
   the response length and the share of responses cut at 128 tokens;
-* the median step time and the largest resident memory logged (``perf/cpu_memory_used_gb``, the RSS at the end of each step).
+* the median step time and the largest resident memory logged (``perf/cpu_memory_used_gb``, the RSS at the end
+  of each step).
 
 Minutes are the sum of the run's own ``timing_s/step`` and ``timing_s/testing`` (validation), so process start
 and model load (about 15 s) are not in them.
@@ -183,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         command = f"python bench/gsm8k_cpu_hour.py --minutes {args.minutes:g}"
         args.note.append(f"process wall time {wall / 60:.1f} min (start, load and the final save included)")
     else:
-        run_dir, command = args.summarize, args.command or f"python bench/gsm8k_cpu_hour.py --summarize {args.summarize}"
+        run_dir = args.summarize
+        command = args.command or f"python bench/gsm8k_cpu_hour.py --summarize {args.summarize}"
     summary = summarize(run_dir)
     plot(summary, PLOT)
     lines = markdown(summary, command)
