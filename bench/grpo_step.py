@@ -182,16 +182,16 @@ def summarize(result: dict, steps_requested: int, workload: W.Workload = W.FIXED
     toks = [s.get("response_tokens") for s in measured]
     tok_stats = stats(toks) if all(t is not None for t in toks) else None
     expected = workload.max_response_tokens()
+    out = {"phases": phases, "response_tokens": tok_stats, "n_steps": len(steps), "warnings": warnings}
     if workload.exact_length:
         if tok_stats and (tok_stats["min"] != expected or tok_stats["max"] != expected):
             warnings.append(f"response tokens/step {tok_stats['min']:.0f}-{tok_stats['max']:.0f}, "
                             f"workload is {expected}")
-        return {"phases": phases, "response_tokens": tok_stats, "n_steps": len(steps), "warnings": warnings}
+        return out
     if tok_stats and (tok_stats["min"] <= 0 or tok_stats["max"] > expected):
         warnings.append(f"response tokens/step {tok_stats['min']:.0f}-{tok_stats['max']:.0f}, workload allows "
                         f"1-{expected}")
-    return {"phases": phases, "response_tokens": tok_stats, "s_per_1k_tokens": per_1k_tokens(measured),
-            "n_steps": len(steps), "warnings": warnings}
+    return {**out, "s_per_1k_tokens": per_1k_tokens(measured)}
 
 
 def run_framework(fw: Framework, model: str, model_dir: Path, steps: int, timeout_s: float,

@@ -137,8 +137,7 @@ def numeric_extras(rew) -> dict[str, np.ndarray]:
     for key, values in rew.extra.items():
         if key == "score" or not any(v is not None for v in values):
             continue
-        if not all(v is None or (isinstance(v, (int, float, bool, np.number)) and not isinstance(v, str))
-                   for v in values):
+        if not all(v is None or isinstance(v, (int, float, bool, np.number)) for v in values):
             continue
         out[key] = np.asarray([np.nan if v is None else float(v) for v in values], np.float64)
     return out
@@ -267,7 +266,6 @@ class ExperienceMaker:
         fg = self.algorithm.filter_groups
         if not fg.enable:
             batch, seq = self.generate_and_score(prompts.next_batch(), seed=seed, timings=timings, metrics=metrics)
-            metrics.update(extra_means([seq["extras"]]))
             if self.prime_filter is not None:
                 batch = prime_select(batch, seq, self.prime_filter, metrics)
             return batch, metrics
@@ -286,7 +284,7 @@ class ExperienceMaker:
                 kept.append(batch.select(np.flatnonzero(keep)))
         metrics["train/num_gen_batches"] = rounds
         metrics["train/num_dropped_groups"] = n_dropped
-        metrics.update(extra_means(extras))  # over every generated response, kept or not
+        metrics.update(extra_means(extras))  # over every round's responses, kept or not (replaces the last round's)
         if not kept:  # every group flat: train on the last round (zero advantages, a no-op update)
             log.warning("dynamic sampling kept no group in %d rounds; this step will not move the policy", rounds)
             return batch, metrics
@@ -304,8 +302,8 @@ class ExperienceMaker:
         Returns the batch with ``token_level_scores`` set and the per-response values ``[N]`` dynamic sampling can
         filter on: ``score`` (reward function), ``acc`` (its ``acc`` output, else the score), ``seq_reward``
         and ``seq_final_reward`` (score after overlong shaping; the in-reward KL is applied after filtering), and
-        under ``extras`` the reward function's numeric extra outputs (:func:`numeric_extras`; logged by
-        :meth:`make_experience` as ``reward/<key>/mean``).
+        under ``extras`` the reward function's numeric extra outputs (:func:`numeric_extras`). ``metrics`` gets the
+        round's ``reward/<key>/mean`` of those (:func:`extra_means`).
         """
         with timed("gen", timings):
             sp = sampling_params(self.rollout_cfg, self.max_new_tokens, validation=False, seed=seed)
@@ -350,6 +348,7 @@ class ExperienceMaker:
             "seq_final_reward": scores,
             "extras": numeric_extras(rew),
         }
+        metrics.update(extra_means([seq["extras"]]))
         if self.prime_filter is not None:  # PRIME: the implicit PRM's labels
             batch.acc = np.clip(seq["acc"], 0.0, 1.0).astype(np.float32)
         return batch, seq

@@ -312,10 +312,9 @@ def read_metrics(jsonl_path: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def plot_rewards(jsonl_path: Path, out_png: Path, *, score_key: str = "critic/score/mean",
-                 train_keys: tuple[str, ...] = (), title: str | None = None) -> Path:
-    """Plot the training score (and ``train_keys``, e.g. ``reward/format/mean``), every ``val-core/`` metric and
-    every ``val-aux/.../mean@k`` metric against step into ``out_png``."""
+def plot_rewards(jsonl_path: Path, out_png: Path, *, score_key: str = "critic/score/mean") -> Path:
+    """Plot the training score, every ``val-core/`` metric and every ``val-aux/.../mean@k`` metric against step into
+    ``out_png``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -323,10 +322,9 @@ def plot_rewards(jsonl_path: Path, out_png: Path, *, score_key: str = "critic/sc
 
     records = read_metrics(jsonl_path)
     fig, ax = plt.subplots(figsize=(7, 4))
-    for key in (score_key, *train_keys):
-        train = [(r["step"], r[key]) for r in records if key in r]
-        if train:
-            ax.plot(*zip(*train), label=f"train {key}", marker=".")
+    train = [(r["step"], r[score_key]) for r in records if score_key in r]
+    if train:
+        ax.plot(*zip(*train), label=f"train {score_key}", marker=".")
     val_keys = sorted({k for r in records for k in r
                        if k.startswith("val-core/") or (k.startswith("val-aux/") and "/mean@" in k)})
     for key in val_keys:
@@ -334,8 +332,6 @@ def plot_rewards(jsonl_path: Path, out_png: Path, *, score_key: str = "critic/sc
         ax.plot(*zip(*pts), label=key, marker="o")
     ax.set_xlabel("step")
     ax.set_ylabel("score")
-    if title:
-        ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

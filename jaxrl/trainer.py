@@ -23,7 +23,7 @@ import numpy as np
 from jaxrl import distributed
 from jaxrl.batch import RLBatch
 from jaxrl.build import Components, build
-from jaxrl.experience import decode_responses, extra_means, numeric_extras, sampling_params, score_responses
+from jaxrl.experience import decode_responses, numeric_extras, sampling_params, score_responses
 from jaxrl.loop import NonFiniteTrainingError, TrainingLoop, export_final_model, setup_run_logging
 from jaxrl.metrics import (batch_metrics, memory_metrics, plot_rewards, rollout_mismatch_metrics, timed,
                            validation_metrics)
@@ -155,9 +155,8 @@ class Trainer(TrainingLoop):
 
         def finish(index: int, prompts, output, timings: dict):
             metrics: dict = {}
-            batch, seq = c.experience.generate_and_score(prompts, seed=self._seed(index), timings=timings,
-                                                         metrics=metrics, output=output)
-            metrics.update(extra_means([seq["extras"]]))
+            batch, _ = c.experience.generate_and_score(prompts, seed=self._seed(index), timings=timings,
+                                                       metrics=metrics, output=output)
             return batch, metrics, prompts.epoch
 
         eos = () if rc.ignore_eos else tuple(getattr(c.rollout, "eos_token_ids", ()))

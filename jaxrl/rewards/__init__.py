@@ -117,8 +117,9 @@ def default_compute_score(
     Returns:
         ``{"score": float, "acc": float}`` plus ``"pred"`` (the extracted answer; validation's maj@n votes on it)
         for the math scorers; GSM8K also gives ``"format"`` and ``"acc_flexible"``
-        (:func:`jaxrl.rewards.gsm8k.compute_score_with_extras`). ``acc`` is 1.0 for a correct answer and, for the sentiment task, for a story at least
-        :data:`jaxrl.rewards.sentiment.HAPPY_THRESHOLD` happy (DAPO's dynamic sampling filters groups on ``acc``).
+        (:func:`jaxrl.rewards.gsm8k.compute_score_with_extras`). ``acc`` is 1.0 for a correct answer and, for the
+        sentiment task, for a story at least :data:`jaxrl.rewards.sentiment.HAPPY_THRESHOLD` happy (DAPO's dynamic
+        sampling filters groups on ``acc``).
 
     Raises:
         NotImplementedError: unknown ``data_source`` (verl's error type; the message lists the known ones and
