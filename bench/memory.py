@@ -10,6 +10,10 @@ buffers); the transient peaks of each phase are its peak RSS minus the RSS befor
 This machine's backend is the CPU, so device memory *is* host memory: what a GPU would hold in HBM shows up here
 as RSS, and "peak RSS" is the number ``perf/cpu_memory_used_gb`` reports at the end of each step.
 
+Each step ends as the trainer's does: the free memory goes back to the OS (:mod:`jaxrl.host_memory`) before the
+step's RSS is read. ``--save`` adds an asynchronous checkpoint save after every step (before the checkpoint store
+handed a finalized save's host copy back to the OS, each save left about the state's size resident).
+
 Run: ``python bench/memory.py`` (about 10 minutes on 2 cores; the data is prepared first if missing), or with
 config overrides: ``python bench/memory.py --name packed actor_rollout_ref.model.use_remove_padding=true``.
 Writes ``bench/results/memory.md`` (``--name`` adds a section ``memory_<name>``).
@@ -31,7 +35,7 @@ import psutil  # noqa: E402
 from bench.common import ROOT, WORK_DIR, header_lines, write_section  # noqa: E402
 
 GB = 1024**3
-PHASES = ("gen", "old_log_prob", "ref", "adv", "update_actor", "sync")
+PHASES = ("gen", "old_log_prob", "ref", "adv", "update_actor", "sync", "step_end", "save")
 
 
 class PeakRSS:
@@ -90,6 +94,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--name", default="", help="section suffix: results go to memory_<name>.md")
     ap.add_argument("--quick", action="store_true", help="1 step (checks the script works)")
+    ap.add_argument("--save", action="store_true",
+                    help="save a checkpoint after every step (asynchronous, as trainer.save_freq=1 does)")
     ap.add_argument("overrides", nargs="*", help="config overrides key=value")
     args = ap.parse_args()
     steps = 1 if args.quick else args.steps
@@ -100,6 +106,7 @@ def main() -> None:
 
     from jaxrl.build import build
     from jaxrl.config.loader import load_config
+    from jaxrl.host_memory import release_free_memory
     from jaxrl.trainer import Trainer
 
     import_rss = rss.now()
@@ -109,6 +116,8 @@ def main() -> None:
     run_dir = WORK_DIR / "memory" / (args.name or "default")
     overrides = [*args.overrides, "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1",
                  "trainer.resume_mode=disable", f"trainer.default_local_dir={run_dir}", "trainer.logger=[console]"]
+    if args.save:
+        overrides.append("trainer.max_actor_ckpt_to_keep=1")
     cfg = load_config(ROOT / args.config, overrides)
 
     rss.reset()
@@ -153,6 +162,12 @@ def main() -> None:
                 c.actor.update(batch)
             elif name == "sync":
                 trainer.sync_rollout()
+            elif name == "step_end":  # what Trainer.train_step does before reading perf/cpu_memory_used_gb
+                release_free_memory()
+            elif name == "save":  # after the step, as TrainingLoop.fit saves
+                if not args.save:
+                    continue
+                trainer.save_checkpoint()
             rows.append(dict(step=step, phase=name, seconds=time.perf_counter() - t, before_gb=before,
                              peak_gb=rss.peak, after_gb=rss.now(), live_gb=live_gb(),
                              rows=int(batch.size), prompt_width=int(batch.prompt_width),
@@ -172,15 +187,21 @@ def main() -> None:
     kv_gb = (2 * model_cfg.num_hidden_layers * cache_rows * (cfg.data.max_prompt_length + cfg.data.max_response_length)
              * model_cfg.num_key_value_heads * model_cfg.head_dim * 4) / GB
 
+    step_end = "step_end"
+
     def transient(phase: str) -> float:
         vals = [r["peak_gb"] - r["before_gb"] for r in rows if r["phase"] == phase]
         return max(vals) if vals else 0.0
 
-    cmd = "python bench/memory.py" + (f" --name {args.name}" if args.name else "") + "".join(
+    cmd = "python bench/memory.py" + (f" --name {args.name}" if args.name else "") + (
+        " --save" if args.save else "") + "".join(
         f" {o}" for o in args.overrides)
     lines = header_lines(
         "Host memory of a GRPO run, per component and phase" + (f" ({args.name})" if args.name else ""), cmd,
-        [f"config: `{args.config}` + {args.overrides or 'no overrides'}, {steps} steps, validation off",
+        [f"config: `{args.config}` + {args.overrides or 'no overrides'}, {steps} steps, validation off, "
+         + ("an asynchronous checkpoint save after every step (the store hands its host copy back to the OS once "
+            "the save is finalized), " if args.save else "no checkpoint saves, ")
+         + "free memory handed back to the OS at each step end (jaxrl.host_memory, as the trainer does)",
          f"rows per step: {cache_rows}; model: {model_cfg.model_type}, {model_cfg.num_hidden_layers} layers, "
          f"params {tree_gb(c.actor.params) * GB / 4 / 1e6:.1f} M (float32)",
          "RSS sampled every 10 ms; CPU backend, so device arrays are host memory"])
@@ -204,6 +225,8 @@ def main() -> None:
         "minus its start |",
         f"| **peak RSS of the run** | **{peak:.2f}** | max over build and every phase |",
         f"| RSS after the last step | {last['after_gb']:.2f} | |",
+        "| RSS at each step end | " + " / ".join(f"{r['after_gb']:.2f}" for r in rows if r["phase"] == step_end)
+        + f" | after phase `{step_end}` of steps 1-{steps} |",
         "",
         "### Per phase", "",
         "| step | phase | s | RSS before | peak | after | live arrays | P / R | real tokens |",
@@ -218,7 +241,7 @@ def main() -> None:
     name = "memory" + (f"_{args.name}" if args.name else "")
     md, _ = write_section(name, lines, {"components": components, "import_gb": import_rss, "built_gb": built_rss,
                                         "peak_gb": peak, "kv_cache_gb": kv_gb, "phases": rows,
-                                        "overrides": args.overrides})
+                                        "overrides": args.overrides, "save": args.save})
     print(f"peak RSS {peak:.2f} GB; wrote {md}")
 
 

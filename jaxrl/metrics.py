@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,6 +28,53 @@ def timed(name: str, timings: dict[str, float]):
         yield
     finally:
         timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
+
+
+class CompileClock:
+    """Seconds this process spends making XLA programs, from ``jax.monitoring``'s compile events: tracing to a jaxpr,
+    lowering to StableHLO and XLA's compilation (``/jax/core/compile/*_duration``). Each fires only when ``jax.jit``
+    misses its in-memory cache (a first call, a new shape such as a new prompt-width bucket), so a step that compiles
+    nothing adds 0. A hit in JAX's persistent compilation cache skips XLA's compilation: only its tracing and
+    lowering count then, and it is not counted as a compile.
+
+    One listener per process, registered by the first :meth:`take`; it is cheap (a lock and two additions per
+    event) and counts every thread (the asynchronous rollout's too).
+    """
+
+    EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+              "/jax/core/compile/backend_compile_duration")
+    BACKEND = "/jax/core/compile/backend_compile_duration"
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._seconds = 0.0
+        self._compiles = 0
+        self._registered = False
+
+    def _on_event(self, event: str, seconds: float, **_) -> None:
+        if event in self.EVENTS:
+            with self._lock:
+                self._seconds += seconds
+                self._compiles += event == self.BACKEND
+
+    def take(self) -> dict[str, float]:
+        """What accumulated since the last call (or since the listener was registered), then start over.
+
+        Returns:
+          ``perf/compile_time_s`` (seconds, float) and ``perf/num_compiles`` (XLA programs compiled, int).
+        """
+        with self._lock:
+            if not self._registered:
+                import jax
+
+                jax.monitoring.register_event_duration_secs_listener(self._on_event)
+                self._registered = True
+            out = {"perf/compile_time_s": self._seconds, "perf/num_compiles": self._compiles}
+            self._seconds, self._compiles = 0.0, 0
+        return out
+
+
+compile_clock = CompileClock()  # the process's one listener (jax.monitoring's listeners are process-global)
 
 
 def _stats(prefix: str, x: np.ndarray) -> dict[str, float]:
@@ -285,6 +333,7 @@ CONSOLE_KEYS = (
     ("actor/entropy", "entropy"),
     ("response_length/mean", "len"),
     ("timing_s/step", "step_s"),
+    ("perf/compile_time_s", "compile_s"),
 )
 
 

@@ -24,9 +24,10 @@ from jaxrl import distributed
 from jaxrl.batch import RLBatch
 from jaxrl.build import Components, build
 from jaxrl.experience import decode_responses, numeric_extras, sampling_params, score_responses
+from jaxrl.host_memory import release_free_memory
 from jaxrl.loop import NonFiniteTrainingError, TrainingLoop, export_final_model, setup_run_logging
-from jaxrl.metrics import (batch_metrics, memory_metrics, plot_rewards, rollout_mismatch_metrics, timed,
-                           validation_metrics)
+from jaxrl.metrics import (batch_metrics, compile_clock, memory_metrics, plot_rewards, rollout_mismatch_metrics,
+                           timed, validation_metrics)
 from jaxrl.run_checkpoint import RunCheckpoints
 
 log = logging.getLogger("jaxrl")
@@ -65,6 +66,7 @@ class Trainer(TrainingLoop):
         """One RL step; returns its metrics (verl names)."""
         c, cfg = self.c, self.c.cfg
         t: dict[str, float] = {}
+        compile_clock.take()  # from here: this step's compiles (validation's, between steps, are not counted)
         with timed("step", t):
             # phases gen + reward (ReMax: + gen_max; DAPO: several rounds): the batch with its token_level_scores
             if self.pipeline is None:
@@ -120,6 +122,9 @@ class Trainer(TrainingLoop):
         n_tokens = int(batch.response_mask.sum() + batch.prompt_mask.sum())
         metrics["perf/total_num_tokens"] = n_tokens
         metrics["perf/throughput"] = n_tokens / max(t["step"], 1e-9)
+        metrics.update(compile_clock.take())  # how much of timing_s/step was making XLA programs
+        release_free_memory()  # the step's freed buffers (and a finished async save's host copy) back to the OS
+        # hybrid: the groups' members report their memory and compiles (the driver's replace this process's)
         metrics.update(c.memory_metrics() if c.memory_metrics is not None else memory_metrics())
         metrics["training/epoch"] = epoch
         return metrics

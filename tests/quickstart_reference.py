@@ -22,7 +22,8 @@ COMMON = ["--config", "configs/quickstart.yaml", "trainer.test_freq=-1", "traine
 REFERENCE_STEPS = 4
 # metrics that depend on the machine and the moment, not on the computation: wall times, throughput, and memory
 # (perf/cpu_memory_used_gb is the process's resident set, which differs between any two runs)
-RUN_DEPENDENT = ("timing_s/", "perf/throughput", "perf/cpu_memory", "perf/max_memory",
+RUN_DEPENDENT = ("timing_s/", "perf/throughput", "perf/cpu_memory", "perf/max_memory", "perf/compile_time_s",
+                 "perf/num_compiles",  # (a process that loads a program from the persistent cache compiles none)
                  "perf/rollout_group/", "perf/driver/")  # (the hybrid controller's groups' and driver's memory)
 
 

@@ -141,3 +141,32 @@ def test_rollout_correction_metrics_summarise_the_importance_ratio_over_valid_to
     assert m["rollout_corr/rollout_is_min"] == pytest.approx(0.5, rel=1e-6)
     assert m["rollout_corr/kl"] == pytest.approx(-np.log(ratios).mean(), rel=1e-5)
     assert m["training/rollout_probs_diff_max"] == pytest.approx(0.4, rel=1e-5)
+
+
+def test_compile_clock_counts_only_what_jit_compiles_since_the_last_take():
+    import threading
+
+    import jax
+    import jax.numpy as jnp
+
+    from jaxrl.metrics import CompileClock
+
+    clock = CompileClock()
+    clock.take()  # registers the listener
+    f = jax.jit(lambda x: jnp.tanh(x) @ x.T + 1.0)
+    f(np.ones((8, 8), np.float32)).block_until_ready()  # numpy inputs: no jnp.ones program
+    first = clock.take()
+    assert first["perf/num_compiles"] == 1 and first["perf/compile_time_s"] > 0
+    f(np.ones((8, 8), np.float32)).block_until_ready()  # cached: nothing
+    assert clock.take() == {"perf/compile_time_s": 0.0, "perf/num_compiles": 0}
+    # a new shape compiles again, also from another thread (the async rollout's)
+    t = threading.Thread(target=lambda: f(np.ones((4, 4), np.float32)).block_until_ready())
+    t.start()
+    t.join()
+    f(np.ones((2, 2), np.float32)).block_until_ready()
+    assert clock.take()["perf/num_compiles"] == 2
+
+
+def test_console_line_shows_compile_time():
+    line = format_console(3, {"timing_s/step": 50.0, "perf/compile_time_s": 21.5})
+    assert "step_s=50" in line and "compile_s=21.5" in line

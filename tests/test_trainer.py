@@ -17,7 +17,7 @@ REQUIRED_KEYS = [
     "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac", "actor/grad_norm", "actor/lr",
     "timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/ref", "timing_s/adv",
     "timing_s/update_actor", "timing_s/sync", "timing_s/step", "training/rollout_probs_diff_max",
-    "reward/num_errors", "reward/num_timeouts",
+    "reward/num_errors", "reward/num_timeouts", "perf/compile_time_s", "perf/num_compiles",
 ]
 
 
@@ -221,3 +221,21 @@ def test_run_without_the_old_log_prob_pass(shared, tmp_path):
     for r in records:
         assert "timing_s/old_log_prob" not in r and "training/rollout_probs_diff_max" not in r
         assert r["actor/pg_clipfrac"] == 0.0 and r["actor/grad_norm"] > 0 and "timing_s/update_actor" in r
+
+
+def test_each_step_releases_free_host_memory_before_reading_its_memory_metrics(shared, tmp_path, monkeypatch):
+    """perf/cpu_memory_used_gb is read after glibc gave the step's freed buffers (and a finished asynchronous save's
+    host copy) back to the OS (jaxrl.host_memory); without that every checkpoint save left its size resident."""
+    import jaxrl.trainer as trainer_mod
+
+    calls = []
+    monkeypatch.setattr(trainer_mod, "release_free_memory", lambda: calls.append("release"))
+    real_metrics = trainer_mod.memory_metrics
+    monkeypatch.setattr(trainer_mod, "memory_metrics", lambda: calls.append("metrics") or real_metrics())
+    run_training(load_config("configs/quickstart.yaml", tiny_run_overrides(tmp_path, ["trainer.test_freq=-1"])))
+    assert calls == ["release", "metrics"] * 2
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(0 < r["perf/cpu_memory_used_gb"] < 24 for r in records)
+    # the first step compiles the sampler, the log-prob forward and the update: its compile time is part of its step
+    assert records[0]["perf/num_compiles"] >= 3
+    assert 0 < records[0]["perf/compile_time_s"] < records[0]["timing_s/step"]

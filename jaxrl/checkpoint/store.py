@@ -28,6 +28,7 @@ from jaxrl.checkpoint.layout import (
     step_dir,
 )
 from jaxrl.checkpoint.restore import RestoreMixin
+from jaxrl.host_memory import release_free_memory
 
 log = logging.getLogger("jaxrl.checkpoint")  # one logger for the package (tests and users filter on it)
 
@@ -77,6 +78,11 @@ class CheckpointStore(RestoreMixin, SetAsideMixin):
             step_prefix=STEP_PREFIX,
             enable_async_checkpointing=self.async_save,
             preservation_policy=ocp.checkpoint_managers.LatestN(max_to_keep),
+            # once a save is finalized its writer threads' host copy of the arrays is freed: hand it back to the OS
+            # at once (jaxrl.host_memory; glibc would otherwise keep it resident, about the state's size per save).
+            # A synchronous save's is handed back by wait().
+            async_options=(ocp.AsyncOptions(post_finalization_callback=release_free_memory) if self.async_save
+                           else None),
             cleanup_tmp_directories=not read_only,
             read_only=read_only,
             create=not read_only,
@@ -170,6 +176,8 @@ class CheckpointStore(RestoreMixin, SetAsideMixin):
             self._mgr.wait_until_finished()
         except Exception as e:  # noqa: BLE001
             raise self._save_failed(step, e) from e
+        finally:
+            release_free_memory()  # a synchronous save's host copy (asynchronous ones: the finalization callback)
 
     def _settle(self) -> None:
         """:meth:`wait` whose failure is only logged and recorded (by :meth:`_save_failed`)."""

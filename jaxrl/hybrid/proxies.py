@@ -142,7 +142,9 @@ class GroupMemory:
 
     verl logs ``perf/max_memory_allocated_gb``, ``perf/max_memory_reserved_gb`` and ``perf/cpu_memory_used_gb`` from
     its actor workers; here they are the **train group's** (the max over its members), the rollout group's the same
-    under ``perf/rollout_group/``, and the driver's RSS as ``perf/driver/cpu_memory_used_gb``. All in GiB.
+    under ``perf/rollout_group/``, and the driver's RSS as ``perf/driver/cpu_memory_used_gb``. All in GiB. The
+    members' ``perf/compile_time_s`` and ``perf/num_compiles`` (since their previous report) come the same way: the
+    driver compiles nothing, the groups' members do.
     """
 
     def __init__(self, train, rollout):

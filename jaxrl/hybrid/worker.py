@@ -69,11 +69,15 @@ class _Member:
         self._bind = coordinator
 
     def memory(self) -> dict[str, float]:
-        """This member's ``perf/*memory*`` metrics (:func:`jaxrl.metrics.memory_metrics`: its RSS, its devices'
-        peaks)."""
-        from jaxrl.metrics import memory_metrics
+        """This member's ``perf/*`` metrics of the step that just ended, read once per step: its memory
+        (:func:`jaxrl.metrics.memory_metrics`: its RSS after its free memory went back to the OS, by
+        :func:`jaxrl.host_memory.release_free_memory`, and its devices' peaks) and the time it spent making XLA
+        programs since the last call (:data:`jaxrl.metrics.compile_clock`)."""
+        from jaxrl.host_memory import release_free_memory
+        from jaxrl.metrics import compile_clock, memory_metrics
 
-        return memory_metrics()
+        release_free_memory()
+        return {**memory_metrics(), **compile_clock.take()}
 
     def ping(self) -> bool:
         """Answered from the member's second thread while a phase runs: the driver's liveness check."""

@@ -22,8 +22,9 @@ import time
 
 import numpy as np
 
+from jaxrl.host_memory import release_free_memory
 from jaxrl.loop import TrainingLoop, export_final_model, setup_run_logging
-from jaxrl.metrics import memory_metrics, timed
+from jaxrl.metrics import compile_clock, memory_metrics, timed
 from jaxrl.offline.build import OfflineComponents, build_offline
 from jaxrl.run_checkpoint import RunCheckpoints
 
@@ -72,6 +73,7 @@ class OfflineTrainer(TrainingLoop):
     def train_step(self) -> dict[str, float]:
         c = self.c
         t: dict[str, float] = {}
+        compile_clock.take()  # from here: this step's compiles
         with timed("step", t):
             batch = c.train_data.next_batch()
             if c.kind == "dpo":
@@ -84,6 +86,8 @@ class OfflineTrainer(TrainingLoop):
         metrics.update({f"timing_s/{k}": v for k, v in t.items()})
         metrics["perf/total_num_tokens"] = n_tokens
         metrics["perf/throughput"] = n_tokens / max(t["step"], 1e-9)
+        metrics.update(compile_clock.take())
+        release_free_memory()  # the step's freed buffers (and a finished async save's host copy) back to the OS
         metrics.update(memory_metrics())
         metrics["training/epoch"] = c.train_data.epoch
         return metrics

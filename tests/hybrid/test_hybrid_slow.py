@@ -135,6 +135,9 @@ def test_groups_on_two_nodes_equal_the_single_process_split_run(hybrid_run, spli
     for r in rows[1:]:
         assert r["perf/cpu_memory_used_gb"] > r["perf/driver/cpu_memory_used_gb"] > 0, r
         assert r["perf/rollout_group/cpu_memory_used_gb"] > 0
+    # the members make the programs (the driver runs none): step 1 traces the update, the rollout group its sampler
+    # (compile time, not the count: under CI's persistent compilation cache XLA may compile nothing)
+    assert rows[1]["perf/compile_time_s"] > 0 and rows[1]["perf/rollout_group/compile_time_s"] > 0, rows[1]
     print("hybrid memory GiB (train, rollout, driver):", [(round(r["perf/cpu_memory_used_gb"], 2),
           round(r["perf/rollout_group/cpu_memory_used_gb"], 2), round(r["perf/driver/cpu_memory_used_gb"], 2))
           for r in rows[1:]])

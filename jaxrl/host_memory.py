@@ -1,0 +1,54 @@
+"""Give the C allocator's free memory back to the operating system (glibc's ``malloc_trim``) after each training step
+and each checkpoint save.
+
+Why: on Linux, host buffers (XLA's CPU device arrays and program temporaries, orbax's host copies of a checkpoint)
+come from glibc ``malloc``. glibc raises its mmap threshold after large frees (up to 32 MiB), so the 1-30 MiB
+buffers of a 135M-parameter model are then carved out of malloc arenas, and each thread that allocates gets an
+arena of its own. Memory freed inside an arena stays mapped to the process unless it sits at the arena's top. So an
+asynchronous checkpoint save, whose writer threads copy the whole training state to host memory and free it, left
+its size behind in the resident set at every save. Measured on this project's CPU machine (a 1.5 GB state saved 8
+times through orbax's asynchronous ``CheckpointManager``): RSS 1.8 -> 5.1 GB without trimming, flat at 1.8 GB with a
+trim after each save. In the hour-long GSM8K run each save left 0.5-1 GB behind. ``malloc_trim(0)`` returns every
+free page of every arena (``madvise(MADV_DONTNEED)``); it frees nothing in use, so numbers and results are
+unchanged; it takes 0.1-0.2 s after a GSM8K SmolLM2 step on 2 cores (`bench/memory.py`'s ``step_end`` phase).
+
+Where it runs: when a checkpoint save is finalized (:class:`jaxrl.checkpoint.CheckpointStore`: orbax's
+post-finalization callback for an asynchronous save, ``wait`` for a synchronous one), and at the end of every training
+step, before the step's ``perf/cpu_memory_used_gb`` is read (:meth:`jaxrl.trainer.Trainer.train_step`, the offline
+trainers' step, and each hybrid worker group member when the driver asks for its metrics), so that metric is what the
+process holds, not what glibc kept. Elsewhere than glibc (macOS, musl, Windows) there is no ``malloc_trim`` and
+:func:`release_free_memory` does nothing.
+
+Imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's ``int malloc_trim(size_t pad)``, or None where the C library has none."""
+    try:
+        libc = ctypes.CDLL(None)
+    except OSError:  # Windows: no "current process" handle through CDLL(None)
+        return None
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is None:
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
+
+
+def release_free_memory() -> bool:
+    """Return the C allocator's free pages to the operating system (``malloc_trim(0)``; memory in use is untouched).
+
+    Returns:
+      True when glibc gave memory back, False when it had none to give or the C library has no ``malloc_trim``
+      (then nothing happens). Never raises.
+    """
+    trim = _malloc_trim()
+    return bool(trim(0)) if trim is not None else False
