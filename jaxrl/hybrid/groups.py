@@ -105,17 +105,17 @@ class WorkerGroup:
         remote = ray.remote(self.worker_cls)
         handles = [remote.options(**self.pool.actor_options(i), max_concurrency=2, name=None)
                    .remote(env, self.cwd) for i in range(self.pool.nnodes)]
-        infos = self._wait([h.describe.remote() for h in handles], handles, timeout_s)
+        infos = self._wait([h.describe.remote() for h in handles], timeout_s)
         order = rank_order(infos)  # node IP, then node id (as the Ray launcher's hosts): stable across reruns
         self.members = [_Member(handles[i], infos[i]) for i in order]
         for rank, m in enumerate(self.members):
             log.info("hybrid: %s group member %d on %s", self.name, rank, m.where())
-        self._wait([m.handle.set_rank.remote(rank) for rank, m in enumerate(self.members)], handles, timeout_s)
+        self._wait([m.handle.set_rank.remote(rank) for rank, m in enumerate(self.members)], timeout_s)
         if len(self.members) > 1 and self.own_world:  # one JAX world of several hosts: rank 0 runs its coordinator
-            ip, port = self._wait([self.members[0].handle.free_port.remote()], handles, timeout_s)[0]
+            ip, port = self._wait([self.members[0].handle.free_port.remote()], timeout_s)[0]
             coordinator = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
             self._wait([m.handle.set_world.remote(coordinator, len(self.members), rank)
-                        for rank, m in enumerate(self.members)], handles, timeout_s)
+                        for rank, m in enumerate(self.members)], timeout_s)
             log.info("hybrid: %s group world of %d processes, coordinator %s", self.name, len(self.members),
                      coordinator)
 
@@ -134,7 +134,7 @@ class WorkerGroup:
           Exception: what the method raised in a member (its own type).
         """
         refs = [getattr(m.handle, method).remote(*args, **kwargs) for m in self.members]
-        return self._wait(refs, [m.handle for m in self.members], call_timeout_s=timeout_s, what=method)[0]
+        return self._wait(refs, call_timeout_s=timeout_s, what=method)[0]
 
     def call_each(self, method: str, args: list[tuple], timeout_s: float | None = None) -> list[Any]:
         """Run ``method(*args[k])`` on member ``k`` for each ``k`` with arguments (``len(args)`` <= members; the
@@ -142,9 +142,9 @@ class WorkerGroup:
         if len(args) > len(self.members):
             raise ValueError(f"{len(args)} argument sets for the {self.name} group's {len(self.members)} members")
         refs = [getattr(m.handle, method).remote(*a) for m, a in zip(self.members, args)]
-        return self._wait(refs, [m.handle for m in self.members[:len(refs)]], call_timeout_s=timeout_s, what=method)
+        return self._wait(refs, call_timeout_s=timeout_s, what=method)
 
-    def _wait(self, refs: list, handles: list, timeout_s: float | None = None, *, call_timeout_s: float | None = None,
+    def _wait(self, refs: list, timeout_s: float | None = None, *, call_timeout_s: float | None = None,
               what: str = "") -> list:
         import ray
         from ray.exceptions import RayActorError, RayTaskError
