@@ -22,6 +22,7 @@ Writes ``bench/results/memory.md`` (``--name`` adds a section ``memory_<name>``)
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 import threading
@@ -114,6 +115,7 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "jaxrl.data.prepare", "gsm8k", "--output", "outputs/data/gsm8k"],
                        cwd=ROOT, check=True)
     run_dir = WORK_DIR / "memory" / (args.name or "default")
+    shutil.rmtree(run_dir, ignore_errors=True)  # this bench's own folder: a previous run's checkpoints would be newer
     overrides = [*args.overrides, "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1",
                  "trainer.resume_mode=disable", f"trainer.default_local_dir={run_dir}", "trainer.logger=[console]"]
     if args.save:
@@ -167,7 +169,8 @@ def main() -> None:
             elif name == "save":  # after the step, as TrainingLoop.fit saves
                 if not args.save:
                     continue
-                trainer.save_checkpoint()
+                if not trainer.save_checkpoint():
+                    raise SystemExit(f"step {step}: the checkpoint save did not start (see the log above)")
             rows.append(dict(step=step, phase=name, seconds=time.perf_counter() - t, before_gb=before,
                              peak_gb=rss.peak, after_gb=rss.now(), live_gb=live_gb(),
                              rows=int(batch.size), prompt_width=int(batch.prompt_width),
