@@ -34,16 +34,18 @@ class CompileClock:
     """Seconds this process spends making XLA programs, from ``jax.monitoring``'s compile events: tracing to a jaxpr,
     lowering to StableHLO and XLA's compilation (``/jax/core/compile/*_duration``). Each fires only when ``jax.jit``
     misses its in-memory cache (a first call, a new shape such as a new prompt-width bucket), so a step that compiles
-    nothing adds 0. A hit in JAX's persistent compilation cache skips XLA's compilation: only its tracing and
-    lowering count then, and it is not counted as a compile.
+    nothing adds 0. With JAX's persistent compilation cache (:mod:`jaxrl.compilation_cache`) a hit replaces XLA's
+    compilation by loading the executable: the load's seconds count, and it is not counted as a compile
+    (``/jax/compilation_cache/cache_hits``).
 
-    One listener per process, registered by the first :meth:`take`; it is cheap (a lock and two additions per
-    event) and counts every thread (the asynchronous rollout's too).
+    One pair of listeners per process, registered by the first :meth:`take`; they are cheap (a lock and two
+    additions per event) and count every thread (the asynchronous rollout's too).
     """
 
     EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
               "/jax/core/compile/backend_compile_duration")
-    BACKEND = "/jax/core/compile/backend_compile_duration"
+    BACKEND = "/jax/core/compile/backend_compile_duration"  # also fires, with the load's time, on a cache hit
+    CACHE_HIT = "/jax/compilation_cache/cache_hits"
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -51,23 +53,30 @@ class CompileClock:
         self._compiles = 0
         self._registered = False
 
-    def _on_event(self, event: str, seconds: float, **_) -> None:
+    def _on_duration(self, event: str, seconds: float, **_) -> None:
         if event in self.EVENTS:
             with self._lock:
                 self._seconds += seconds
                 self._compiles += event == self.BACKEND
 
+    def _on_event(self, event: str, **_) -> None:
+        if event == self.CACHE_HIT:
+            with self._lock:
+                self._compiles -= 1
+
     def take(self) -> dict[str, float]:
         """What accumulated since the last call (or since the listener was registered), then start over.
 
         Returns:
-          ``perf/compile_time_s`` (seconds, float) and ``perf/num_compiles`` (XLA programs compiled, int).
+          ``perf/compile_time_s`` (seconds, float) and ``perf/num_compiles`` (XLA programs compiled, not loaded from
+          the persistent cache; int).
         """
         with self._lock:
             if not self._registered:
                 import jax
 
-                jax.monitoring.register_event_duration_secs_listener(self._on_event)
+                jax.monitoring.register_event_duration_secs_listener(self._on_duration)
+                jax.monitoring.register_event_listener(self._on_event)
                 self._registered = True
             out = {"perf/compile_time_s": self._seconds, "perf/num_compiles": self._compiles}
             self._seconds, self._compiles = 0.0, 0

@@ -23,6 +23,7 @@ import numpy as np
 from jaxrl import distributed
 from jaxrl.batch import RLBatch
 from jaxrl.build import Components, build
+from jaxrl.compilation_cache import use_compilation_cache
 from jaxrl.experience import decode_responses, numeric_extras, sampling_params, score_responses
 from jaxrl.host_memory import release_free_memory
 from jaxrl.loop import NonFiniteTrainingError, TrainingLoop, export_final_model, setup_run_logging
@@ -386,6 +387,7 @@ def run_training(cfg) -> dict[str, float]:
     others wait for it), and only it logs below WARNING."""
     setup_run_logging()
     t0 = time.perf_counter()
+    use_compilation_cache(cfg.trainer.jax_compilation_cache_dir)  # before the first compile
     distributed.initialize(cfg)
     if not distributed.is_primary():
         logging.getLogger("jaxrl").setLevel(logging.WARNING)  # one log: the primary's (warnings from everyone)

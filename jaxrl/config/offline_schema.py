@@ -123,6 +123,8 @@ class OfflineTrainerConfig:
     resume_from_path: Optional[str] = None  # resume_path: a run's checkpoint dir or one of its global_step_<N> dirs
     max_nonfinite_steps: int = 3  # jaxrl: abort after N consecutive steps with a non-finite loss or grad norm
     checkpoint_async: bool = True  # jaxrl: write checkpoints in a background thread
+    # jaxrl: JAX's persistent compilation cache (jaxrl.compilation_cache); null = off; JAX_COMPILATION_CACHE_DIR wins
+    jax_compilation_cache_dir: Optional[str] = "~/.cache/jaxrl/jax_compilation_cache"
     mesh: MeshConfig = field(default_factory=MeshConfig)  # jaxrl: the train mesh (all null = one device)
     sharding_rules: Optional[dict[str, Any]] = None  # jaxrl: logical-axis rule overrides (as in jaxrl.train)
 

@@ -487,6 +487,9 @@ class TrainerConfig:
     max_critic_ckpt_to_keep: Optional[int] = None  # same for the critic (both live in one step dir: the max applies)
     max_nonfinite_steps: int = 3  # jaxrl: abort after N consecutive steps with a non-finite loss or grad norm
     checkpoint_async: bool = True  # jaxrl: write checkpoints in a background thread (training goes on meanwhile)
+    # jaxrl: JAX's persistent compilation cache (jaxrl.compilation_cache): a rerun or resume loads the compiled
+    # programs instead of compiling them; null = off. The env var JAX_COMPILATION_CACHE_DIR, when set, wins.
+    jax_compilation_cache_dir: Optional[str] = "~/.cache/jaxrl/jax_compilation_cache"
     mesh: MeshConfig = field(default_factory=MeshConfig)  # jaxrl: the train mesh section (all null = one device)
     # jaxrl: where the rollout engine runs when a mesh is on. "colocated": on the train devices, the weights
     # re-laid-out for it (tensor-parallel over rollout.tensor_model_parallel_size, replicas over the rest);

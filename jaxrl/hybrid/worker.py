@@ -87,10 +87,12 @@ class _Member:
         """Join this group's world (one host: nothing to join, the CPU devices set; several: ``jax.distributed``
         with the group's own coordinator) with :func:`group_config`; returns that config."""
         from jaxrl import distributed
+        from jaxrl.compilation_cache import use_compilation_cache
 
         g = group_config(cfg, group)
         if getattr(self, "_bind", None):
             g.trainer.distributed.coordinator_bind_address = self._bind
+        use_compilation_cache(g.trainer.jax_compilation_cache_dir)  # before the member's first compile
         distributed.initialize(g)
         return g
 
