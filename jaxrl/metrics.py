@@ -51,18 +51,23 @@ class CompileClock:
         self._lock = threading.Lock()
         self._seconds = 0.0
         self._compiles = 0
+        self._hits = 0  # cache hits whose backend duration event has not come yet (JAX reports the hit first)
         self._registered = False
 
     def _on_duration(self, event: str, seconds: float, **_) -> None:
         if event in self.EVENTS:
             with self._lock:
                 self._seconds += seconds
-                self._compiles += event == self.BACKEND
+                if event == self.BACKEND:
+                    if self._hits:  # that duration was a load from the persistent cache
+                        self._hits -= 1
+                    else:
+                        self._compiles += 1
 
     def _on_event(self, event: str, **_) -> None:
         if event == self.CACHE_HIT:
             with self._lock:
-                self._compiles -= 1
+                self._hits += 1
 
     def take(self) -> dict[str, float]:
         """What accumulated since the last call (or since the listener was registered), then start over.
