@@ -190,8 +190,6 @@ def main() -> None:
     kv_gb = (2 * model_cfg.num_hidden_layers * cache_rows * (cfg.data.max_prompt_length + cfg.data.max_response_length)
              * model_cfg.num_key_value_heads * model_cfg.head_dim * 4) / GB
 
-    step_end = "step_end"
-
     def transient(phase: str) -> float:
         vals = [r["peak_gb"] - r["before_gb"] for r in rows if r["phase"] == phase]
         return max(vals) if vals else 0.0
@@ -228,8 +226,8 @@ def main() -> None:
         "minus its start |",
         f"| **peak RSS of the run** | **{peak:.2f}** | max over build and every phase |",
         f"| RSS after the last step | {last['after_gb']:.2f} | |",
-        "| RSS at each step end | " + " / ".join(f"{r['after_gb']:.2f}" for r in rows if r["phase"] == step_end)
-        + f" | after phase `{step_end}` of steps 1-{steps} |",
+        "| RSS at each step end | " + " / ".join(f"{r['after_gb']:.2f}" for r in rows if r["phase"] == "step_end")
+        + f" | after phase `step_end` of steps 1-{steps} |",
         "",
         "### Per phase", "",
         "| step | phase | s | RSS before | peak | after | live arrays | P / R | real tokens |",

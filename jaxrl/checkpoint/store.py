@@ -177,7 +177,8 @@ class CheckpointStore(RestoreMixin, SetAsideMixin):
         except Exception as e:  # noqa: BLE001
             raise self._save_failed(step, e) from e
         finally:
-            release_free_memory()  # a synchronous save's host copy (asynchronous ones: the finalization callback)
+            if not self.async_save:  # a synchronous save's host copy (an asynchronous one's: the finalization callback)
+                release_free_memory()
 
     def _settle(self) -> None:
         """:meth:`wait` whose failure is only logged and recorded (by :meth:`_save_failed`)."""
