@@ -152,6 +152,64 @@ def gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> 
     return out.reshape(b, t, nh, d).astype(q.dtype)
 
 
+def causal_query_block(t: int) -> int:
+    """Query-block width of :func:`causal_gqa_attention` for ``t`` tokens: a multiple of 32, at least 32, and at
+    most 16 blocks per row (the blocks are unrolled in the program, so their count bounds compile time)."""
+    return 32 * max(1, -(-int(t) // (16 * 32)))
+
+
+def causal_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+                         block: int | None = None) -> jax.Array:
+    """:func:`gqa_attention` for a causal mask over one chunk (no KV cache), computed in query blocks that skip
+    the key blocks every query of the block is masked from.
+
+    Query block ``[lo, hi)`` attends to keys ``[0, hi)`` only: a causal mask hides every later key, so the scores,
+    softmax and value sums of the skipped upper triangle are never computed (about half of the ``T x T`` work, and
+    each block's scores stay small enough for the cache). Heads are laid out key-value-head-major once
+    (``[B, nKV, nH/nKV, T, D]``) instead of per einsum. On a 2-core CPU (SmolLM2 shapes, forward + backward of one
+    layer's attention): 1 x 1024 tokens 217 -> 62-67 ms, 4 x 320 46 -> 30-33 ms, 16 x 96 20 -> 12-14 ms.
+
+    Args:
+        q: ``[B, T, nH, D]`` queries.
+        k, v: ``[B, T, nKV, D]`` keys / values of the same ``T`` positions (``nH % nKV == 0``).
+        mask: ``[B, T, T]`` bool, True where query ``t`` may attend to key ``s``; must be False for every
+            ``s > t`` (causal), which the caller guarantees (the decoder's no-cache path builds it so).
+        block: query-block width; None = :func:`causal_query_block` of ``T``.
+
+    Returns:
+        ``[B, T, nH, D]`` in ``q.dtype``, equal to ``gqa_attention(q, k, v, mask)`` (up to float32 summation
+        order) at every query with at least one visible key. A query with none (padding) gets the uniform
+        average of the keys up to its block's end instead of all keys: finite, and no real token attends to it.
+
+    Raises:
+        ValueError: ``k`` / ``v`` / ``mask`` not over the same ``T`` positions as ``q``.
+    """
+    b, t, nh, d = q.shape
+    nkv = k.shape[2]
+    g = nh // nkv
+    if k.shape[1] != t or v.shape[1] != t or mask.shape != (b, t, t):
+        raise ValueError(
+            f"causal attention needs keys, values and mask over the queries' {t} positions; got k {k.shape}, "
+            f"v {v.shape}, mask {mask.shape}"
+        )
+    block = causal_query_block(t) if block is None else int(block)
+    qh = q.reshape(b, t, nkv, g, d).transpose(0, 2, 3, 1, 4)  # [B, nKV, G, T, D]
+    kh = k.transpose(0, 2, 1, 3)  # [B, nKV, T, D]
+    vh = v.transpose(0, 2, 1, 3)
+    outs = []
+    for lo in range(0, t, block):
+        hi = min(t, lo + block)
+        scores = jnp.einsum("bkgtd,bksd->bkgts", qh[:, :, :, lo:hi], kh[:, :, :hi],
+                            preferred_element_type=jnp.float32)
+        scores = scores * (1.0 / math.sqrt(d))
+        scores = jnp.where(mask[:, None, None, lo:hi, :hi], scores, _MASK_VALUE)
+        probs = jax.nn.softmax(scores, axis=-1)
+        outs.append(jnp.einsum("bkgts,bksd->bkgtd", probs.astype(v.dtype), vh[:, :, :hi],
+                               preferred_element_type=jnp.float32))
+    out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=3)  # [B, nKV, G, T, D]
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, nh, d).astype(q.dtype)
+
+
 # ----------------------------------------------------------------------------------------------- modules
 def _param(rngs: nnx.Rngs | None, shape, names, dtype, init: str) -> nnx.Param:
     if init == "normal":
@@ -246,7 +304,8 @@ class Attention(nnx.Module):
             v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype)[None], start)
             k_all, v_all = k_cache[layer].astype(self.dtype), v_cache[layer].astype(self.dtype)
             k, v = k_cache, v_cache
-        out = gqa_attention(q, k_all, v_all, mask)
+        # no cache: the mask the decoder builds is causal over this chunk's own positions
+        out = causal_gqa_attention(q, k, v, mask) if k_cache is None else gqa_attention(q, k_all, v_all, mask)
         proj = jnp.einsum("btnd,ndh->bth", out, self.o_proj[...].astype(self.dtype))
         return _with_lora(self.lora, "o_proj", out, proj), k, v
 
