@@ -182,7 +182,7 @@ def causal_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Arr
         average of the keys up to its block's end instead of all keys: finite, and no real token attends to it.
 
     Raises:
-        ValueError: ``k`` / ``v`` / ``mask`` not over the same ``T`` positions as ``q``.
+        ValueError: ``k`` / ``v`` / ``mask`` not over the same ``T`` positions as ``q``; ``block < 1``.
     """
     b, t, nh, d = q.shape
     nkv = k.shape[2]
@@ -193,6 +193,8 @@ def causal_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Arr
             f"v {v.shape}, mask {mask.shape}"
         )
     block = causal_query_block(t) if block is None else int(block)
+    if block < 1:
+        raise ValueError(f"block (query-block width) must be a positive number of tokens; got {block}")
     qh = q.reshape(b, t, nkv, g, d).transpose(0, 2, 3, 1, 4)  # [B, nKV, G, T, D]
     kh = k.transpose(0, 2, 1, 3)  # [B, nKV, T, D]
     vh = v.transpose(0, 2, 1, 3)

@@ -99,3 +99,5 @@ def test_shape_mismatch_is_a_clear_error():
     q, k, v = _inputs(1, 8)
     with pytest.raises(ValueError, match="over the queries' 8 positions"):
         causal_gqa_attention(q, k[:, :6], v[:, :6], jnp.ones((1, 8, 6), bool))
+    with pytest.raises(ValueError, match="must be a positive number of tokens; got 0"):
+        causal_gqa_attention(q, k, v, jnp.ones((1, 8, 8), bool), block=0)
