@@ -117,7 +117,8 @@ def main() -> None:
         [f"config: `{CONFIG}` (4 prompts x n=4, prompt <= 256, response <= 128, KL loss), {steps} steps per variant, "
          "validation and checkpoints off; variants run one after another",
          "step s: median over the steps after the first (min-max); first step: includes compilation",
-         "step-end RSS: the largest perf/cpu_memory_used_gb of the run, read at each step's end after free memory is handed back (not the peak inside a step: bench/memory.py measures that)"])
+         "step-end RSS: the largest perf/cpu_memory_used_gb of the run, read at each step's end after free "
+         "memory is handed back (not the peak inside a step: bench/memory.py measures that)"])
     lines += ["| variant | step s | first step s | gen | old_log_prob | ref | update_actor | response len | "
               "tokens/step | step-end RSS GB | step / last row's |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
