@@ -128,6 +128,13 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
     return scale.astype(x.dtype) * normed
 
 
+def _masked_softmax(scores: jax.Array, mask: jax.Array, head_dim: int) -> jax.Array:
+    """Attention probabilities from float32 ``scores`` ``[B, nKV, G, T, S]`` and ``mask`` ``[B, T, S]``: scaled by
+    ``1/sqrt(head_dim)``, masked keys set to ``_MASK_VALUE`` (a fully masked row becomes uniform, never NaN)."""
+    scores = jnp.where(mask[:, None, None, :, :], scores * (1.0 / math.sqrt(head_dim)), _MASK_VALUE)
+    return jax.nn.softmax(scores, axis=-1)
+
+
 def gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     """Grouped-query softmax attention.
 
@@ -145,9 +152,7 @@ def gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> 
     g = nh // nkv
     qg = q.reshape(b, t, nkv, g, d)
     scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
-    scores = scores * (1.0 / math.sqrt(d))
-    scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1)
+    probs = _masked_softmax(scores, mask, d)
     out = jnp.einsum("bkgts,bskd->btkgd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
     return out.reshape(b, t, nh, d).astype(q.dtype)
 
@@ -203,9 +208,7 @@ def causal_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Arr
         hi = min(t, lo + block)
         scores = jnp.einsum("bkgtd,bksd->bkgts", qh[:, :, :, lo:hi], kh[:, :, :hi],
                             preferred_element_type=jnp.float32)
-        scores = scores * (1.0 / math.sqrt(d))
-        scores = jnp.where(mask[:, None, None, lo:hi, :hi], scores, _MASK_VALUE)
-        probs = jax.nn.softmax(scores, axis=-1)
+        probs = _masked_softmax(scores, mask[:, lo:hi, :hi], d)
         outs.append(jnp.einsum("bkgts,bksd->bkgtd", probs.astype(v.dtype), vh[:, :, :hi],
                                preferred_element_type=jnp.float32))
     out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=3)  # [B, nKV, G, T, D]
@@ -307,7 +310,8 @@ class Attention(nnx.Module):
             k_all, v_all = k_cache[layer].astype(self.dtype), v_cache[layer].astype(self.dtype)
             k, v = k_cache, v_cache
         # no cache: the mask the decoder builds is causal over this chunk's own positions
-        out = causal_gqa_attention(q, k, v, mask) if k_cache is None else gqa_attention(q, k_all, v_all, mask)
+        attend = causal_gqa_attention if k_cache is None else gqa_attention
+        out = attend(q, k_all, v_all, mask)
         proj = jnp.einsum("btnd,ndh->bth", out, self.o_proj[...].astype(self.dtype))
         return _with_lora(self.lora, "o_proj", out, proj), k, v
 
