@@ -216,6 +216,34 @@ def causal_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Arr
 
 
 # ----------------------------------------------------------------------------------------------- modules
+def dense(x: jax.Array, w: jax.Array, *, in_dims: int = 1, transposed: bool = False,
+          preferred_element_type=None) -> jax.Array:
+    """A projection of the last ``in_dims`` axes of ``x`` by ``w``, computed as one 2-D matmul.
+
+    ``x`` ``[B, T, *in]`` and ``w`` ``[*in, *out]`` (or ``[*out, *in]`` with ``transposed``, e.g. a tied embedding
+    ``[V, H]`` read as the LM head) give ``[B, T, *out]``; the dtypes are ``x``'s and ``w``'s (cast by the caller).
+    The same numbers as ``jnp.einsum`` over the named axes, but the leading ``[B, T]`` axes are flattened into
+    one row axis first: with two batch-like axes left in the contraction, XLA:CPU computes the weight gradient
+    ``x^T dy`` over ``(B, T)`` after materialising a transposed copy of ``dy`` (a strided write of the whole
+    activation in every backward projection); as ``[B*T, in] x [in, out]`` it is one plain matmul each way.
+    Measured on SmolLM2-135M's MLP (``16 x 96`` tokens, forward + backward): 198 -> 145 ms.
+
+    Raises:
+      ValueError: ``w`` does not hold ``x``'s last ``in_dims`` axes where ``transposed`` says.
+    """
+    lead, inner = x.shape[: x.ndim - in_dims], x.shape[x.ndim - in_dims:]
+    k = math.prod(inner)
+    w_in = w.shape[w.ndim - in_dims:] if transposed else w.shape[:in_dims]
+    if tuple(w_in) != tuple(inner):
+        raise ValueError(f"dense: weight {tuple(w.shape)} does not take input axes {tuple(inner)} of x "
+                         f"{tuple(x.shape)} ({'last' if transposed else 'first'} {in_dims} weight axes must match)")
+    out = w.shape[: w.ndim - in_dims] if transposed else w.shape[in_dims:]
+    w2 = w.reshape(-1, k) if transposed else w.reshape(k, -1)
+    dims = (((1,), (1,)), ((), ())) if transposed else (((1,), (0,)), ((), ()))
+    y = jax.lax.dot_general(x.reshape(-1, k), w2, dims, preferred_element_type=preferred_element_type)
+    return y.reshape(*lead, *out)
+
+
 def _param(rngs: nnx.Rngs | None, shape, names, dtype, init: str) -> nnx.Param:
     if init == "normal":
         value = jax.random.normal(rngs.params(), shape, dtype=jnp.float32) * 0.02
@@ -271,7 +299,7 @@ class Attention(nnx.Module):
         self.lora = nnx.data(None)  # LoRA adapters by projection name (jaxrl.models.lora.apply_lora), or None
 
     def _proj(self, x, kernel, bias, name):
-        y = jnp.einsum("bth,hnd->btnd", x, kernel[...].astype(self.dtype))
+        y = dense(x, kernel[...].astype(self.dtype), in_dims=1)
         if bias is not None:
             y = y + bias[...].astype(self.dtype)
         return _with_lora(self.lora, name, x, y)
@@ -312,7 +340,7 @@ class Attention(nnx.Module):
         # no cache: the mask the decoder builds is causal over this chunk's own positions
         attend = causal_gqa_attention if k_cache is None else gqa_attention
         out = attend(q, k_all, v_all, mask)
-        proj = jnp.einsum("btnd,ndh->bth", out, self.o_proj[...].astype(self.dtype))
+        proj = dense(out, self.o_proj[...].astype(self.dtype), in_dims=2)
         return _with_lora(self.lora, "o_proj", out, proj), k, v
 
 
@@ -328,10 +356,10 @@ class MLP(nnx.Module):
         self.lora = nnx.data(None)  # LoRA adapters by projection name (jaxrl.models.lora.apply_lora), or None
 
     def __call__(self, x):
-        gate = _with_lora(self.lora, "gate_proj", x, x @ self.gate_proj[...].astype(self.dtype))
-        up = _with_lora(self.lora, "up_proj", x, x @ self.up_proj[...].astype(self.dtype))
+        gate = _with_lora(self.lora, "gate_proj", x, dense(x, self.gate_proj[...].astype(self.dtype)))
+        up = _with_lora(self.lora, "up_proj", x, dense(x, self.up_proj[...].astype(self.dtype)))
         h = jax.nn.silu(gate) * up
-        return _with_lora(self.lora, "down_proj", h, h @ self.down_proj[...].astype(self.dtype))
+        return _with_lora(self.lora, "down_proj", h, dense(h, self.down_proj[...].astype(self.dtype)))
 
 
 class Block(nnx.Module):
@@ -563,12 +591,9 @@ class Decoder(nnx.Module):
         first and skip the ``[B, P, V]`` prompt-position logits.
         """
         x = hidden.astype(self.dtype)
-        if self.lm_head is None:
-            logits = jnp.einsum(
-                "bth,vh->btv", x, self.embed_tokens[...].astype(self.dtype), preferred_element_type=jnp.float32
-            )
+        if self.lm_head is None:  # tied: the embedding [V, H] read as the head
+            logits = dense(x, self.embed_tokens[...].astype(self.dtype), transposed=True,
+                           preferred_element_type=jnp.float32)
         else:
-            logits = jnp.einsum(
-                "bth,hv->btv", x, self.lm_head[...].astype(self.dtype), preferred_element_type=jnp.float32
-            )
+            logits = dense(x, self.lm_head[...].astype(self.dtype), preferred_element_type=jnp.float32)
         return logits.astype(jnp.float32)
