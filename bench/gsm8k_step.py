@@ -6,15 +6,16 @@ validation and checkpoints off, run one after another in this invocation:
 
 * ``padded``: the config as shipped (micro-batches of 4 rows padded to the bucketed prompt width + 128);
 * ``packed``: the same with ``use_remove_padding`` + ``use_dynamic_bsz`` (packed rows, 1024-token micro-batches);
-* ``padded@REV`` (``--baseline-rev REV``): the padded config run by the code of git revision ``REV`` (a detached
-  worktree under ``outputs/bench/``), e.g. the commit before the speed work, to compare with "today's" step.
+* ``padded@REV`` (``--baseline-rev REV``): the config as shipped, without overrides (revisions before the packing
+  work refuse the dynamic-batch keys), run by the code of git revision ``REV`` (a detached worktree under
+  ``outputs/bench/``), e.g. ``cd79688``, the code when issue 19 was filed, to compare with "today's" step.
 
 Reported per variant: the median step time over the steps after the first (the first compiles), its phases,
 the first step, the response length and real tokens per step, and the peak ``perf/cpu_memory_used_gb`` (RSS).
 Every variant sees the same prompts (same seed), and the sampled responses agree between variants (identical
 rollout code and weights), so the work per step is the same and ratios are meaningful.
 
-Run: ``python bench/gsm8k_step.py [--steps 4] [--baseline-rev 6a0e093]`` (about 7 minutes per variant on 2 cores).
+Run: ``python bench/gsm8k_step.py [--steps 4] [--baseline-rev cd79688]`` (about 7 minutes per variant on 2 cores).
 Writes ``bench/results/gsm8k_step.md``.
 """
 
@@ -106,7 +107,7 @@ def main() -> None:
         results.append(run_variant(v, PACKED if v == "packed" else PADDED, steps))
         print(json.dumps(results[-1]), flush=True)
     if args.baseline_rev and not args.quick:
-        results.append(run_variant(f"padded@{args.baseline_rev}", PADDED, steps, worktree(args.baseline_rev)))
+        results.append(run_variant(f"padded@{args.baseline_rev}", [], steps, worktree(args.baseline_rev)))
         print(json.dumps(results[-1]), flush=True)
 
     base = results[-1]

@@ -36,7 +36,8 @@ import psutil  # noqa: E402
 from bench.common import ROOT, WORK_DIR, header_lines, write_section  # noqa: E402
 
 GB = 1024**3
-PHASES = ("gen", "old_log_prob", "ref", "adv", "update_actor", "sync", "step_end", "save")
+DEFAULT_CONFIG = "configs/gsm8k_grpo_smollm2_135m.yaml"
+PHASES = ("gen", "old_log_prob", "ref", "adv", "update_actor", "sync", "step_end", "save", "validate")
 
 
 class PeakRSS:
@@ -91,12 +92,14 @@ def live_gb() -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default="configs/gsm8k_grpo_smollm2_135m.yaml")
+    ap.add_argument("--config", default=DEFAULT_CONFIG)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--name", default="", help="section suffix: results go to memory_<name>.md")
     ap.add_argument("--quick", action="store_true", help="1 step (checks the script works)")
     ap.add_argument("--save", action="store_true",
                     help="save a checkpoint after every step (asynchronous, as trainer.save_freq=1 does)")
+    ap.add_argument("--val", action="store_true",
+                    help="validate after every step (the config's val_max_samples, greedy as its val_kwargs say)")
     ap.add_argument("overrides", nargs="*", help="config overrides key=value")
     args = ap.parse_args()
     steps = 1 if args.quick else args.steps
@@ -152,6 +155,8 @@ def main() -> None:
             if name == "gen":
                 batch, metrics = c.experience.make_experience(c.train_data, seed=trainer._seed(), timings={})
             elif name == "old_log_prob":
+                if not cfg.actor_rollout_ref.actor.recompute_old_log_prob:  # on-policy: the trainer skips it
+                    continue
                 batch.old_log_probs, _ = c.actor.compute_log_probs(batch)
             elif name == "ref":
                 if c.ref is None:
@@ -171,6 +176,10 @@ def main() -> None:
                     continue
                 if not trainer.save_checkpoint():
                     raise SystemExit(f"step {step}: the checkpoint save did not start (see the log above)")
+            elif name == "validate":  # after the step, as TrainingLoop.fit validates every test_freq steps
+                if not args.val:
+                    continue
+                trainer.validate()
             rows.append(dict(step=step, phase=name, seconds=time.perf_counter() - t, before_gb=before,
                              peak_gb=rss.peak, after_gb=rss.now(), live_gb=live_gb(),
                              rows=int(batch.size), prompt_width=int(batch.prompt_width),
@@ -194,12 +203,14 @@ def main() -> None:
         vals = [r["peak_gb"] - r["before_gb"] for r in rows if r["phase"] == phase]
         return max(vals) if vals else 0.0
 
-    cmd = "python bench/memory.py" + (f" --name {args.name}" if args.name else "") + (
-        " --save" if args.save else "") + "".join(
+    cmd = "python bench/memory.py" + (f" --config {args.config}" if args.config != DEFAULT_CONFIG else "") + (
+        f" --name {args.name}" if args.name else "") + (
+        " --save" if args.save else "") + (" --val" if args.val else "") + "".join(
         f" {o}" for o in args.overrides)
     lines = header_lines(
         "Host memory of a GRPO run, per component and phase" + (f" ({args.name})" if args.name else ""), cmd,
-        [f"config: `{args.config}` + {args.overrides or 'no overrides'}, {steps} steps, validation off, "
+        [f"config: `{args.config}` + {args.overrides or 'no overrides'}, {steps} steps, "
+         + ("validation after every step, " if args.val else "validation off, ")
          + ("an asynchronous checkpoint save after every step (the store hands its host copy back to the OS once "
             "the save is finalized), " if args.save else "no checkpoint saves, ")
          + "free memory handed back to the OS at each step end (jaxrl.host_memory, as the trainer does)",
