@@ -83,9 +83,9 @@ def run_variant(name: str, overrides: list[str], steps: int, code: Path = ROOT) 
         phases={p: med(f"timing_s/{p}") for p in PHASES},
         response_length=statistics.mean(r["response_length/mean"] for r in rows),
         real_tokens=statistics.mean(r["perf/total_num_tokens"] for r in rows),
-        peak_rss_gb=max(r.get("perf/cpu_memory_used_gb", 0.0) for r in rows),
+        peak_rss_gb=max((r["perf/cpu_memory_used_gb"] for r in rows if "perf/cpu_memory_used_gb" in r), default=None),
         scores=[r.get("critic/score/mean") for r in rows],
-        command="python -m jaxrl.train --config " + CONFIG + " " + " ".join(overrides) + (
+        command=" ".join(["python -m jaxrl.train --config", CONFIG, *overrides]) + (
             f" (code at {code.name})" if code != ROOT else ""),
     )
 
@@ -124,11 +124,11 @@ def main() -> None:
               "tokens/step | step-end RSS GB | step / last row's |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         ph = r["phases"]
-        fmt = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
+        fmt = lambda x, digits=1: "-" if x is None else f"{x:.{digits}f}"  # noqa: E731  (a revision's missing metric)
         lines.append(f"| {r['name']} | {r['step_s']:.1f} ({r['step_min']:.1f}-{r['step_max']:.1f}) | "
                      f"{r['first_step_s']:.1f} | {fmt(ph['gen'])} | {fmt(ph['old_log_prob'])} | {fmt(ph['ref'])} | "
                      f"{fmt(ph['update_actor'])} | {r['response_length']:.1f} | {r['real_tokens']:.0f} | "
-                     f"{r['peak_rss_gb']:.2f} | {r['step_s'] / base['step_s']:.2f}x |")
+                     f"{fmt(r['peak_rss_gb'], 2)} | {r['step_s'] / base['step_s']:.2f}x |")
     lines += ["", *[f"- {r['name']}: `{r['command']}`; process wall {r['wall_s']:.0f} s" for r in results]]
     md, _ = write_section("gsm8k_step", lines, results)
     print(f"wrote {md}")

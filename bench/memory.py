@@ -235,6 +235,8 @@ def main() -> None:
         f"| reference forward temporaries (transient) | {transient('ref'):.2f} | ref peak minus its start |",
         f"| update temporaries: gradients, activations (transient) | {transient('update_actor'):.2f} | update peak "
         "minus its start |",
+        *([f"| validation temporaries: greedy generation of the validation set, scoring (transient) | "
+           f"{transient('validate'):.2f} | validate peak minus its start |"] if args.val else []),
         f"| **peak RSS of the run** | **{peak:.2f}** | max over build and every phase |",
         f"| RSS after the last step | {last['after_gb']:.2f} | |",
         "| RSS at each step end | " + " / ".join(f"{r['after_gb']:.2f}" for r in rows if r["phase"] == "step_end")

@@ -407,10 +407,11 @@ def main(argv: list[str] | None = None) -> None:
     smol = [u for u in updates if u["model"] == "smollm2-135m"]
     lines.append("")
     if smol:
-        top = max(smol, key=lambda u: u["mfu"])
+        at32 = [u for u in smol if u["rows"] == 32]  # the goal's batch; the best case when it was not run
+        top = max(at32 or smol, key=lambda u: u["mfu"])
         lines.append(
-            f"- goal **actor update >= 40% of measured matmul peak for SmolLM2-135M**: "
-            f"{'met' if top['mfu'] >= 0.40 else 'not met'} ({top['mfu']:.1%} best, B={top['rows']}, "
+            f"- goal (issue 19) **actor update >= 55% of measured matmul peak for SmolLM2-135M at B=32**: "
+            f"{'met' if top['mfu'] >= 0.55 else 'not met'} ({top['mfu']:.1%}, B={top['rows']}, "
             f"T={top['seq_len']}, micro {top['micro_rows']}, remat {'on' if top['remat'] else 'off'}; "
             f"{top['mfu_with_head']:.1%} counting the LM head).")
     if prof:
