@@ -37,16 +37,30 @@ def val_lines(folder: Path) -> list[dict]:
     return [json.loads(line) for line in (folder / "val_generations.jsonl").read_text().splitlines()]
 
 
+# The sampler-vs-trainer mismatch metrics (jaxrl.metrics.rollout_mismatch_metrics) measure float32 noise: the
+# difference between the sampler's and the trainer's log-probs of the same tokens under the same weights, 1e-6-1e-5
+# per token. Two runs whose updates reduce in a different order (one process of 4 devices vs 2 x 2, gloo) hold
+# weights that differ in the last bits after the first update, so the extremes of that noise move by about its own
+# size (rollout_is_min 0.999977 vs 0.999987 at step 2). They are held to agree within 1e-4 absolute, which a real
+# mismatch (stale or wrong weights in the sampler: ratios off by 1e-3 and more) still breaks; every loss, gradient
+# norm, log-prob and reward metric keeps the 1e-5 bound. (With async staleness the rollout_corr/ ratios also carry
+# the policy lag, which 1e-4 still pins.)
+FLOAT_NOISE = ("rollout_corr/", "training/rollout_probs_diff_")
+FLOAT_NOISE_ATOL = 1e-4
+
+
 def assert_equal_metrics(got: dict, want: dict) -> None:
-    """Every non-timing metric of ``want`` equal in ``got`` within 1e-5 (relative to max(1, |value|))."""
+    """Every non-timing metric of ``want`` equal in ``got`` within 1e-5 (relative to max(1, |value|)); the
+    mismatch metrics of :data:`FLOAT_NOISE` within :data:`FLOAT_NOISE_ATOL` (absolute)."""
     bad = []
     for key, value in want.items():
         if key.startswith(RUN_DEPENDENT) \
                 or not isinstance(value, (int, float)):
             continue
+        tol = FLOAT_NOISE_ATOL if key.startswith(FLOAT_NOISE) else 1e-5 * max(1.0, abs(value))
         if key not in got:
             bad.append(f"{key} missing")
-        elif abs(got[key] - value) > 1e-5 * max(1.0, abs(value)):
+        elif abs(got[key] - value) > tol:
             bad.append(f"{key}: {got[key]} != {value}")
     assert not bad, f"step {want.get('step')}: {bad}"
 
