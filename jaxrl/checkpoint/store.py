@@ -80,7 +80,7 @@ class CheckpointStore(RestoreMixin, SetAsideMixin):
             preservation_policy=ocp.checkpoint_managers.LatestN(max_to_keep),
             # once a save is finalized its writer threads' host copy of the arrays is freed: hand it back to the OS
             # at once (jaxrl.host_memory; glibc would otherwise keep it resident, about the state's size per save).
-            # A synchronous save's is handed back by wait().
+            # wait() hands it back again once the save is complete (and is what does it for a synchronous save).
             async_options=(ocp.AsyncOptions(post_finalization_callback=release_free_memory) if self.async_save
                            else None),
             cleanup_tmp_directories=not read_only,
@@ -177,8 +177,9 @@ class CheckpointStore(RestoreMixin, SetAsideMixin):
         except Exception as e:  # noqa: BLE001
             raise self._save_failed(step, e) from e
         finally:
-            if not self.async_save:  # a synchronous save's host copy (an asynchronous one's: the finalization callback)
-                release_free_memory()
+            # the save's host copy is freed by now: hand it back (an asynchronous save's finalization callback did
+            # so too, but orbax's writer thread may drop its last references just after that callback runs)
+            release_free_memory()
 
     def _settle(self) -> None:
         """:meth:`wait` whose failure is only logged and recorded (by :meth:`_save_failed`)."""
