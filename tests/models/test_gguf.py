@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -204,6 +206,13 @@ def test_synthetic_roundtrip(tmp_path, arch, kw):
     assert sorted(tensors) == sorted(hf)
     for name, want in hf.items():
         assert np.array_equal(tensors[name], want), name
+    # no tensor is a view of the file's memory map (F32 ones came back as views): the file is not kept mapped
+    assert not any(isinstance(t, np.memmap) or isinstance(t.base, np.memmap) for t in tensors.values())
+    import gc
+
+    gc.collect()
+    maps = Path("/proc/self/maps")
+    assert not maps.exists() or str(path) not in maps.read_text()
     assert cfg["model_type"] == arch and cfg["head_dim"] == 8 and cfg["num_key_value_heads"] == 2
     assert cfg["rope_theta"] == 5e5 and cfg["rms_norm_eps"] == 1e-6 and cfg["eos_token_id"] == 7
     assert cfg["vocab_size"] == 32 and cfg["max_position_embeddings"] == 128
