@@ -312,7 +312,7 @@ def _build_actor_and_reference(cfg, graphdef, params, total_training_steps, plac
     spec = lora_spec(arr.model)  # with online DPO refused by the config checks (the preference role has no LoRA)
     plan = _batch_plan(cfg, placement)
     common = dict(plan=plan.actor, temperature=rollout_cfg.temperature, total_training_steps=total_training_steps,
-                  seed=cfg.trainer.seed, **_mesh_args(placement))
+                  seed=cfg.trainer.seed, fused_lm_head=arr.model.use_fused_kernels, **_mesh_args(placement))
     ref_params = None
     if spec is not None:
         model = nnx.merge(graphdef, params)  # the same arrays: the base stays shared, never copied

@@ -21,7 +21,8 @@
 - ``prime``: PRIME (implicit process rewards ``beta * log(pi_phi / pi_ref)``, the implicit PRM's cross-entropy
   loss, its accuracies, the ``"prime"`` estimator: leave-one-out over process and outcome rewards).
 - ``agg``: per-token loss -> scalar, exact under micro-batching.
-- ``logprob``: log-probs and entropies from logits in float32.
+- ``logprob``: log-probs and entropies in float32, from logits or (``head_log_probs``) from hidden states through the
+  LM head in position chunks.
 
 Imports nothing but jax/numpy and the standard library. The names below are imported from their
 module on first use (``from jaxrl.algorithms import agg_loss``), so importing the package, or its
@@ -54,7 +55,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {  # module -> the names it exports here
         "get_kl_controller",
     ),
     "logprob": (
-        "entropy_from_logits", "log_probs_from_logits",
+        "LOGITS_CHUNK_BYTES", "entropy_from_logits", "head_log_probs", "log_probs_from_logits",
     ),
     "policy_loss": (
         "compute_policy_loss_cispo", "compute_policy_loss_gpg", "compute_policy_loss_gspo",

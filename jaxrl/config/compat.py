@@ -98,7 +98,6 @@ NOTES: dict[str, str] = {
         "use actor_rollout_ref.model.enable_gradient_checkpointing (jax.checkpoint); offload does not apply"
     ),
     "actor_rollout_ref.model.use_liger": _KERNELS,
-    "actor_rollout_ref.model.use_fused_kernels": _KERNELS,
     "actor_rollout_ref.model.fused_kernel_options.*": _KERNELS,
     "actor_rollout_ref.model.lora_adapter_path": _LORA_ADAPTER,
     # ---- rollout engine

@@ -92,6 +92,12 @@ def validate_cross(cfg: JaxRLConfig) -> None:
             f"trainer.test_freq={t.test_freq}); set data.val_files, or trainer.val_before_train=False "
             "and trainer.test_freq=-1"
         )
+    if cfg.actor_rollout_ref.model.use_fused_kernels and actor.use_kl_loss and actor.kl_loss_type == "full":
+        raise ConfigError(
+            "actor_rollout_ref.model.use_fused_kernels=True computes the update's log-probs without the whole logits, "
+            "but actor_rollout_ref.actor.kl_loss_type='full' needs them; set use_fused_kernels=False or another "
+            "kl_loss_type"
+        )
     if cfg.algorithm.dpo.enable:
         _validate_online_dpo(cfg)
     _validate_prime(cfg)

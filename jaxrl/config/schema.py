@@ -117,6 +117,11 @@ class ModelConfig:
     # True = the actor, reference (and, unless critic.model.use_remove_padding says otherwise, the critic) run their
     # forward / backward on packed rows: several responses per row, no padding (jaxrl.workers.packing); exact
     use_remove_padding: bool = False
+    # True = the actor update's LM head and log-softmax run in chunks of positions (verl's fused linear-for-PPO
+    # kernel, as a rematerialised scan: jaxrl.algorithms.logprob.head_log_probs): the [B, R, V] logits and their
+    # gradient are never held whole, for one more LM-head matmul in the backward; the same values. The no-grad
+    # log-prob passes always run in chunks. Not with actor.kl_loss_type="full" (it needs the whole logits)
+    use_fused_kernels: bool = False
     # LoRA (jaxrl.models.lora; verl's keys): rank > 0 trains only adapters on the base model's projections; the
     # reference is the base with adapters off (no copy), the rollout gets merged weights; 0 = full fine-tuning
     lora_rank: int = 0

@@ -27,7 +27,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxrl.algorithms import agg_loss, entropy_from_logits, kl_penalty, log_probs_from_logits
+from jaxrl.algorithms import agg_loss, entropy_from_logits, head_log_probs, kl_penalty, log_probs_from_logits
 from jaxrl.algorithms.policy_loss import tis_weights
 from jaxrl.algorithms.registry import POLICY_LOSSES
 from jaxrl.batch import RLBatch
@@ -39,6 +39,19 @@ from jaxrl.workers.seqlen import plan_slots
 from jaxrl.workers.placement import activation_sharding, batch_shards, jit_sharded, rows_sharding
 from jaxrl.workers.trained_role import TrainedRole
 from sharding import DEFAULT_RULES, param_shardings, shard_state
+
+
+def _response_hidden(graphdef, params, input_ids, positions, attention_mask, prompt_width, activation_sharding=None,
+                     remat=None):
+    """``(model, hidden)``: the merged decoder and its final-normed hidden states ``[B, R, H]`` at the positions
+    that score the ``R`` response tokens (arguments as :func:`_forward_response`)."""
+    model = nnx.merge(graphdef, params)
+    hidden, _ = model(input_ids, positions, attention_mask, return_hidden=True, activation_sharding=activation_sharding,
+                      remat=remat)
+    r = input_ids.shape[1] - prompt_width
+    # The LM head only on the R scoring positions: no [B, P, V] prompt-position logits (their matmul and its
+    # backward would be wasted work, a large share of a small model's FLOPs with a 50-150k vocabulary).
+    return model, jax.lax.dynamic_slice_in_dim(hidden, prompt_width - 1, r, axis=1)
 
 
 def _forward_response(
@@ -57,19 +70,42 @@ def _forward_response(
       remat: the decoder's ``remat=`` (None = the model's setting; False for a forward never differentiated).
 
     Returns:
-      float32 logits ``[B, R, V]``.
+      float32 logits ``[B, R, V]`` (callers that need only log-probs and entropies use
+      :func:`response_log_probs`, which never holds them all).
     """
-    model = nnx.merge(graphdef, params)
-    hidden, _ = model(input_ids, positions, attention_mask, return_hidden=True, activation_sharding=activation_sharding,
-                      remat=remat)
-    r = input_ids.shape[1] - prompt_width
-    # The LM head only on the R scoring positions: no [B, P, V] prompt-position logits (their matmul and its
-    # backward would be wasted work, a large share of a small model's FLOPs with a 50-150k vocabulary).
-    hidden = jax.lax.dynamic_slice_in_dim(hidden, prompt_width - 1, r, axis=1)
+    model, hidden = _response_hidden(graphdef, params, input_ids, positions, attention_mask, prompt_width,
+                                     activation_sharding, remat)
     return model.logits(hidden) / temperature
 
 
 forward_response = _forward_response  # public name: the offline roles (jaxrl.workers.sft / preference) use it too
+
+
+def response_log_probs(graphdef, params, input_ids, positions, attention_mask, response_ids, prompt_width,
+                       temperature, activation_sharding=None, remat=None, with_entropy=False, chunked=True):
+    """Log-probs (and entropies) of the response tokens ``response_ids`` ``[B, R]``: :func:`_forward_response`'s
+    logits put through :func:`~jaxrl.algorithms.logprob.head_log_probs`, so the LM head and the log-softmax run in
+    position chunks and the whole ``[B, R, V]`` logits are never held (the same values; ``chunked=False``: the whole
+    logits at once, as :func:`_forward_response`).
+
+    Returns:
+      ``(log_probs, entropy)`` float32 ``[B, R]`` (``entropy`` None unless ``with_entropy``).
+    """
+    model, hidden = _response_hidden(graphdef, params, input_ids, positions, attention_mask, prompt_width,
+                                     activation_sharding, remat)
+    return head_log_probs(hidden, response_ids, lambda h: model.logits(h) / temperature, with_entropy=with_entropy,
+                          chunked=chunked)
+
+
+def _packed_hidden(graphdef, params, micro, activation_sharding=None, remat=None):
+    """``(model, hidden)``: the merged decoder and the hidden states ``[G, K, H]`` at packed rows' scoring columns
+    (arguments as :func:`_forward_packed`)."""
+    model = nnx.merge(graphdef, params)
+    seg = micro["segment_ids"]
+    hidden, _ = model(micro["input_ids"], micro["positions"], seg != 0, return_hidden=True,
+                      activation_sharding=activation_sharding, segment_ids=seg, remat=remat)
+    # the LM head only on the K scoring columns (real response tokens), as the padded path takes only R columns
+    return model, at_scores(hidden, micro["score_cols"])
 
 
 def _forward_packed(graphdef, params, micro, temperature, activation_sharding=None, remat=None):
@@ -83,12 +119,17 @@ def _forward_packed(graphdef, params, micro, temperature, activation_sharding=No
     Returns:
       float32 logits ``[G, K, V]``: row ``g``'s ``k``-th entry predicts the response token at ``score_cols + 1``.
     """
-    model = nnx.merge(graphdef, params)
-    seg = micro["segment_ids"]
-    hidden, _ = model(micro["input_ids"], micro["positions"], seg != 0, return_hidden=True,
-                      activation_sharding=activation_sharding, segment_ids=seg, remat=remat)
-    # the LM head only on the K scoring columns (real response tokens), as the padded path takes only R columns
-    return model.logits(at_scores(hidden, micro["score_cols"])) / temperature
+    model, hidden = _packed_hidden(graphdef, params, micro, activation_sharding, remat)
+    return model.logits(hidden) / temperature
+
+
+def _packed_log_probs(graphdef, params, micro, temperature, activation_sharding=None, remat=None, with_entropy=False,
+                      chunked=True):
+    """Log-probs (and entropies) ``[G, K]`` of ``micro["score_ids"]`` at packed rows' scoring columns, through
+    :func:`~jaxrl.algorithms.logprob.head_log_probs` (:func:`_forward_packed`'s values, in position chunks)."""
+    model, hidden = _packed_hidden(graphdef, params, micro, activation_sharding, remat)
+    return head_log_probs(hidden, micro["score_ids"], lambda h: model.logits(h) / temperature,
+                          with_entropy=with_entropy, chunked=chunked)
 
 
 class LogProbComputer:
@@ -165,17 +206,15 @@ class LogProbComputer:
         return self._fn
 
     def _log_probs(self, params, input_ids, positions, attention_mask, response_ids, *, prompt_width):
-        logits = _forward_response(
-            self.graphdef, params, input_ids, positions, attention_mask, prompt_width, self.temperature,
-            self.activation_sharding, remat=False,
-        )
-        return log_probs_from_logits(logits, response_ids), entropy_from_logits(logits)
+        return response_log_probs(self.graphdef, params, input_ids, positions, attention_mask, response_ids,
+                                  prompt_width, self.temperature, self.activation_sharding, remat=False,
+                                  with_entropy=True)
 
     def _log_probs_packed(self, params, micro, *, prompt_width=0):
-        logits = _forward_packed(self.graphdef, params, micro, self.temperature, self.activation_sharding, remat=False)
+        lp, ent = _packed_log_probs(self.graphdef, params, micro, self.temperature, self.activation_sharding,
+                                    remat=False, with_entropy=True)
         mask = micro["response_mask"]
-        lp = to_slots(log_probs_from_logits(logits, micro["score_ids"]), micro["slot_index"], mask)
-        return lp, to_slots(entropy_from_logits(logits), micro["slot_index"], mask)
+        return to_slots(lp, micro["slot_index"], mask), to_slots(ent, micro["slot_index"], mask)
 
     def __call__(self, params, batch: RLBatch) -> tuple[np.ndarray, np.ndarray]:
         """Returns ``(log_probs, entropy)``, float32 ``[N, R]`` each, zeroed where ``response_mask`` is 0."""
@@ -231,19 +270,17 @@ class LogProbComputer:
 def _log_probs_program(graphdef, params, input_ids, positions, attention_mask, response_ids, *, temperature,
                        prompt_width):
     """Log-probs and entropies ``[B, R]`` of padded rows on one device (:class:`LogProbComputer` without a mesh)."""
-    logits = _forward_response(graphdef, params, input_ids, positions, attention_mask, prompt_width, temperature,
-                               remat=False)
-    return log_probs_from_logits(logits, response_ids), entropy_from_logits(logits)
+    return response_log_probs(graphdef, params, input_ids, positions, attention_mask, response_ids, prompt_width,
+                              temperature, remat=False, with_entropy=True)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "prompt_width"))
 def _packed_log_probs_program(graphdef, params, micro, *, temperature, prompt_width=0):
     """Log-probs and entropies ``[G x S, R]`` of packed rows on one device (:class:`LogProbComputer` without a
     mesh)."""
-    logits = _forward_packed(graphdef, params, micro, temperature, remat=False)
+    lp, ent = _packed_log_probs(graphdef, params, micro, temperature, remat=False, with_entropy=True)
     mask = micro["response_mask"]
-    lp = to_slots(log_probs_from_logits(logits, micro["score_ids"]), micro["slot_index"], mask)
-    return lp, to_slots(entropy_from_logits(logits), micro["slot_index"], mask)
+    return to_slots(lp, micro["slot_index"], mask), to_slots(ent, micro["slot_index"], mask)
 
 
 class ActorWorker(TrainedRole):
@@ -271,6 +308,12 @@ class ActorWorker(TrainedRole):
         adapters off: ``frozen`` under ``lora.base_graphdef`` (``ref_params`` unused, no second copy), and
         :meth:`merged_params` gives the rollout engine and the export ``W + (alpha / r) A B``. Both None: full
         fine-tuning.
+      fused_lm_head: the update's LM head and log-softmax run in position chunks, rematerialised
+        (``actor_rollout_ref.model.use_fused_kernels``; :func:`~jaxrl.algorithms.logprob.head_log_probs`): the
+        ``[B, R, V]`` logits and their gradient are never held whole (0.24 GB less on SmolLM2, micro-batches of 8
+        x 128 response tokens) for one more LM-head matmul in the backward (5% of the update there). The same
+        values and gradient. Not with ``kl_loss_type="full"``, whose loss needs the whole distribution. The
+        no-grad log-prob passes always run in chunks (no extra work).
 
     Raises:
       ValueError: ``kl_loss_type="full"`` without ``ref_params`` (full fine-tuning); only one of ``frozen`` /
@@ -295,6 +338,7 @@ class ActorWorker(TrainedRole):
         rules=None,
         frozen=None,
         lora=None,
+        fused_lm_head: bool = False,
     ):
         if (frozen is None) != (lora is None):
             raise ValueError("LoRA needs both frozen= (the base weights) and lora= (jaxrl.models.lora.LoraInfo)")
@@ -306,6 +350,7 @@ class ActorWorker(TrainedRole):
                          rules=rules, frozen=frozen)
         self.cfg = actor_cfg
         self.lora = lora
+        self.fused_lm_head = bool(fused_lm_head)
         if lora is not None:  # the model without adapters (the reference's graph; the merged weights' tree)
             self.base_graphdef = lora.base_graphdef
         self._merge_fn = None
@@ -364,17 +409,33 @@ class ActorWorker(TrainedRole):
     def _micro_loss(self, params, micro, num_tokens, num_seqs, prompt_width, ref_params=None):
         c = self.cfg
         mask = micro["response_mask"]
-        if "segment_ids" in micro:  # packed rows: per-token values at the scoring columns, then the padded layout
-            logits = _forward_packed(self.graphdef, params, micro, self.temperature, self.activation_sharding)
-            per_token = lambda x: to_slots(x, micro["slot_index"], mask)  # noqa: E731
-            log_prob = per_token(log_probs_from_logits(logits, micro["score_ids"]))
-        else:
-            logits = _forward_response(
-                self.graphdef, params, micro["input_ids"], micro["positions"], micro["attention_mask"],
-                prompt_width, self.temperature, self.activation_sharding,
-            )
-            per_token = lambda x: x  # noqa: E731
-            log_prob = log_probs_from_logits(logits, micro["response_ids"])
+        packed = "segment_ids" in micro  # packed rows: per-token values at the scoring columns, then the padded layout
+        per_token = (lambda x: to_slots(x, micro["slot_index"], mask)) if packed else (lambda x: x)  # noqa: E731
+        with_entropy = c.entropy_coeff != 0
+        if c.use_kl_loss and c.kl_loss_type == "full":  # the KL needs the whole distribution: keep the logits
+            if packed:
+                logits = _forward_packed(self.graphdef, params, micro, self.temperature, self.activation_sharding)
+                log_prob = per_token(log_probs_from_logits(logits, micro["score_ids"]))
+            else:
+                logits = _forward_response(
+                    self.graphdef, params, micro["input_ids"], micro["positions"], micro["attention_mask"],
+                    prompt_width, self.temperature, self.activation_sharding,
+                )
+                log_prob = log_probs_from_logits(logits, micro["response_ids"])
+            entropy = entropy_from_logits(logits) if with_entropy else None
+        else:  # fused_lm_head: in position chunks, never the whole [B, R, V] logits and their gradient
+            chunked = self.fused_lm_head
+            if packed:
+                log_prob, entropy = _packed_log_probs(self.graphdef, params, micro, self.temperature,
+                                                      self.activation_sharding, with_entropy=with_entropy,
+                                                      chunked=chunked)
+                log_prob = per_token(log_prob)
+            else:
+                log_prob, entropy = response_log_probs(
+                    self.graphdef, params, micro["input_ids"], micro["positions"], micro["attention_mask"],
+                    micro["response_ids"], prompt_width, self.temperature, self.activation_sharding,
+                    with_entropy=with_entropy, chunked=chunked,
+                )
         # recompute_old_log_prob=False: on-policy, pi_old is the current policy (ratio 1, gradient of the
         # surrogate = advantage x grad log-prob); otherwise the old pass's log-probs.
         old_log_prob = jax.lax.stop_gradient(log_prob) if self.on_policy_ratio else micro["old_log_probs"]
@@ -392,7 +453,7 @@ class ActorWorker(TrainedRole):
         if c.entropy_coeff != 0:
             # Only when it is in the loss (verl's ``calculate_entropy = entropy_coeff != 0``): an exp and a sum over
             # [B, R, V] per micro-batch. Otherwise actor/entropy comes from the old-log-prob pass (the trainer).
-            entropy_loss = agg_loss(per_token(entropy_from_logits(logits)), mask, c.loss_agg_mode, **norms)
+            entropy_loss = agg_loss(per_token(entropy), mask, c.loss_agg_mode, **norms)
             loss = loss - c.entropy_coeff * entropy_loss
             metrics["actor/entropy"] = entropy_loss
         if c.use_kl_loss and c.kl_loss_type == "full":

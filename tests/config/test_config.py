@@ -697,3 +697,18 @@ def test_skipping_the_old_pass_needs_on_policy_updates(extra, fragment):
     msg = _error(None, base + extra)
     assert "recompute_old_log_prob=False is only exact when every update is on-policy" in msg and fragment in msg
     assert load_config(None, base).actor_rollout_ref.actor.recompute_old_log_prob is False
+
+
+def test_use_fused_kernels_is_a_real_key_and_refuses_the_full_kl():
+    """``actor_rollout_ref.model.use_fused_kernels`` acts (the update's LM head in position chunks): no note, the value
+    kept, the actor built with it; with ``kl_loss_type='full'`` (which needs the whole logits) a one-line error."""
+    loaded = load_config_with_notes(None, ["actor_rollout_ref.model.use_fused_kernels=True",
+                                           "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton"])
+    assert [n.key for n in loaded.notes] == ["actor_rollout_ref.model.fused_kernel_options.impl_backend"]
+    assert loaded.config.actor_rollout_ref.model.use_fused_kernels is True
+    assert load_config(None, []).actor_rollout_ref.model.use_fused_kernels is False  # verl's default
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["actor_rollout_ref.model.use_fused_kernels=True", "actor_rollout_ref.actor.use_kl_loss=True",
+                           "actor_rollout_ref.actor.kl_loss_type=full"])
+    assert "use_fused_kernels=True" in str(e.value) and "kl_loss_type='full'" in str(e.value)
+    assert "\n" not in str(e.value)

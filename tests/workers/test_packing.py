@@ -9,6 +9,7 @@ partitions, budgets, buckets, layouts), and that ragged steps compile a handful 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -169,11 +170,13 @@ def test_decoder_without_segment_ids_is_unchanged(policy):
 def make_actor(graphdef, params, n, **overrides) -> ActorWorker:
     remove_padding = overrides.pop("remove_padding", False)
     max_token_len = overrides.pop("max_token_len", None)
+    fused_lm_head = overrides.pop("fused_lm_head", False)
     cfg, plan = actor_setup(rows=n, log_prob_micro=n, ppo_mini_batch_size=n, ppo_micro_batch_size_per_gpu=n,
                             **overrides)
     plan = dataclasses.replace(plan, remove_padding=remove_padding, max_token_len=max_token_len)
     ref = params if cfg.use_kl_loss and cfg.kl_loss_type == "full" else None
-    return ActorWorker(graphdef, params, cfg, plan=plan, temperature=0.8, total_training_steps=1, ref_params=ref)
+    return ActorWorker(graphdef, params, cfg, plan=plan, temperature=0.8, total_training_steps=1, ref_params=ref,
+                       fused_lm_head=fused_lm_head)
 
 
 def padded_full_grads(role, batch):
@@ -238,6 +241,7 @@ def test_packed_gradient_for_other_policy_losses(loss_mode):
 def make_critic(n, **overrides):
     remove_padding = overrides.pop("remove_padding", False)
     max_token_len = overrides.pop("max_token_len", None)
+    fused_lm_head = overrides.pop("fused_lm_head", False)
     graphdef, params = nnx.split(ValueModel(tiny_model_config("qwen3"), rngs=nnx.Rngs(3)))
     cfg, plan = critic_setup(rows=n, ppo_mini_batch_size=n, ppo_micro_batch_size_per_gpu=n, **overrides)
     plan = dataclasses.replace(plan, remove_padding=remove_padding, max_token_len=max_token_len,
@@ -310,3 +314,59 @@ def test_plan_slots_fixed_matches_row_chunks():
     (a, b, c) = plan_slots(rows, np.ones(10), shards=2, micro_rows=4)
     np.testing.assert_array_equal(a, [[0, 1], [2, 3]])
     np.testing.assert_array_equal(c, [[8, 9], [-1, -1]])
+
+
+def _shapes(jaxpr) -> set[tuple]:
+    """Every array shape a jaxpr makes, its sub-jaxprs (scan, checkpoint, custom rules) included."""
+    out = set()
+    for eqn in jaxpr.eqns:
+        out.update(tuple(v.aval.shape) for v in eqn.outvars if hasattr(v.aval, "shape"))
+        for p in eqn.params.values():
+            inner = p if hasattr(p, "eqns") else getattr(p, "jaxpr", None)
+            if inner is not None and hasattr(inner, "eqns"):
+                out |= _shapes(inner)
+    return out
+
+
+@pytest.mark.parametrize("scheme", ["padded", "packed+dynamic"])
+def test_chunked_lm_head_equals_the_whole_logits(monkeypatch, scheme):
+    """With ``fused_lm_head`` (``actor_rollout_ref.model.use_fused_kernels``) the update's LM head runs in position
+    chunks once the logits pass ``LOGITS_CHUNK_BYTES`` (:func:`jaxrl.algorithms.logprob.head_log_probs`), and the
+    no-grad log-prob pass always does: gradient, loss terms (entropy in the loss), log-probs and entropies equal
+    those of the whole logits; without the flag the update keeps the whole logits."""
+    from jaxrl.algorithms import logprob
+
+    graphdef, params = nnx.split(Decoder(tiny_model_config("llama"), rngs=nnx.Rngs(4)))
+    vocab = tiny_model_config("llama").vocab_size
+    batch = ragged_batch(n=12, seed=7)
+    kw = {} if scheme == "padded" else SCHEMES[scheme]
+    overrides = dict(loss_agg_mode="token-mean", kl_loss_type="low_var_kl", entropy_coeff=0.01)
+
+    def run(fused):
+        actor = make_actor(graphdef, params, 12, **overrides, **kw, fused_lm_head=fused)
+        grads, metrics = slotted(actor, batch) if kw else padded_full_grads(actor, batch)
+        lp = LogProbComputer(graphdef, micro_batch_size=4, temperature=0.8, **kw)(params, batch)
+        return grads, metrics, lp, actor
+
+    whole = run(False)
+    # 2 positions per chunk of the widest call (12 rows x vocab x 4 B per position): several chunks everywhere
+    monkeypatch.setattr(logprob, "LOGITS_CHUNK_BYTES", 2 * 12 * vocab * 4)
+    jax.clear_caches()  # the module-level log-prob programs were traced with the whole budget
+    try:
+        chunked = run(True)
+        if scheme == "padded":  # the update's program: no [12, R, V] logits with the flag, and they are there without
+            arrays = chunked[3].minibatch_arrays(batch)
+            stacked, nt, ns = chunked[3].stack_micro(arrays, np.arange(12), 12, 12)
+            for actor, present in ((chunked[3], False), (whole[3], True)):
+                jaxpr = jax.make_jaxpr(functools.partial(actor.accumulate_grads, prompt_width=P))(
+                    actor.params, stacked, nt, ns, actor._update_extra())
+                assert ((12, R, vocab) in _shapes(jaxpr.jaxpr)) is present
+    finally:
+        monkeypatch.undo()
+        jax.clear_caches()
+    assert max_diff(chunked[0], whole[0]) < 1e-6, max_diff(chunked[0], whole[0])
+    assert max(float(jnp.abs(x).max()) for x in jax.tree.leaves(whole[0])) > 1e-3
+    for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy"):
+        np.testing.assert_allclose(float(chunked[1][key]), float(whole[1][key]), rtol=1e-6, err_msg=key)
+    for a, b in zip(chunked[2], whole[2]):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
