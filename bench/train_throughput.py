@@ -111,26 +111,41 @@ def _actor(pre, rows: int, micro: int, remat: bool):
     return actor
 
 
-def _xla_flops(actor, batch) -> float | None:
-    """FLOPs XLA counts for the compiled mini-batch update (None if the backend does not report them)."""
+def _update_programs(actor, batch):
+    """The two compiled programs of one mini-batch update: the gradient (micro-batch scan) and the optimizer step."""
+    import jax
     import numpy as np
 
     arrays = actor.minibatch_arrays(batch)
     stacked, nt, ns = actor.stack_micro(arrays, np.arange(batch.size), actor.mini_batch_rows, actor.micro_batch_rows)
+    args = (actor.params, stacked, nt, ns, actor.ref_params, actor.frozen)
+    grads = actor._grads_fn.lower(*args, prompt_width=batch.prompt_width).compile()
+    grads_shape, metrics_shape = jax.eval_shape(
+        lambda *a: actor.accumulate_grads(*a, prompt_width=batch.prompt_width), *args)
+    step = actor._step_fn.lower(actor.params, actor.opt_state, grads_shape, metrics_shape).compile()
+    return grads, step
+
+
+def _xla_flops(actor, batch) -> float | None:
+    """FLOPs XLA counts for the compiled mini-batch update, gradient and optimizer step (None if the backend does
+    not report them)."""
+    def flops_of(compiled):
+        cost = compiled.cost_analysis()
+        if isinstance(cost, (list, tuple)):
+            cost = cost[0] if cost else {}
+        return (cost or {}).get("flops")
+
     try:
-        lowered = actor._update_fn.lower(actor.params, actor.opt_state, stacked, nt, ns, actor.ref_params, actor.frozen,
-                                         prompt_width=batch.prompt_width)
-        cost = lowered.compile().cost_analysis()
+        grads, step = _update_programs(actor, batch)
+        f_grads, f_step = flops_of(grads), flops_of(step)
     except Exception as e:  # noqa: BLE001 - a missing cost model is reported as "-", not a failure
         print(f"  (no XLA cost analysis: {type(e).__name__}: {e})", flush=True)
         return None
-    if isinstance(cost, (list, tuple)):
-        cost = cost[0] if cost else {}
-    flops = (cost or {}).get("flops")
-    # XLA's cost model counts a while loop's body once: scale the micro-batch scan by its trip count (this also
-    # scales the small optimizer part, by < 1% here).
+    if not f_grads:
+        return None
+    # XLA's cost model counts a while loop's body once: scale the micro-batch scan by its trip count
     n_micro = actor.mini_batch_rows // actor.micro_batch_rows
-    return float(flops) * n_micro if flops else None
+    return float(f_grads) * n_micro + float(f_step or 0.0)
 
 
 def bench_update(name: str, model_dir: Path, case: tuple, repeats: int, peak_gflops: float) -> dict:
@@ -187,7 +202,7 @@ def _hlo_index(hlo_text: str) -> dict[str, dict]:
 
 def _clean_op_name(op_name: str) -> str:
     """The JAX source op of an HLO instruction, without the jit/while/closed_call prefix."""
-    for prefix in ("jit(_update_minibatch)/", "while/body/", "closed_call/"):
+    for prefix in ("jit(accumulate_grads)/", "jit(_step)/", "while/body/", "closed_call/"):
         op_name = op_name.replace(prefix, "")
     return op_name.split(";")[0] or "?"
 
@@ -234,13 +249,11 @@ def trace_breakdown(actor, batch, trace_dir: Path, top: int = 12) -> dict:
     from collections import defaultdict
 
     import jax
-    import numpy as np
 
-    arrays = actor.minibatch_arrays(batch)
-    stacked, nt, ns = actor.stack_micro(arrays, np.arange(batch.size), actor.mini_batch_rows, actor.micro_batch_rows)
-    hlo = actor._update_fn.lower(actor.params, actor.opt_state, stacked, nt, ns, actor.ref_params, actor.frozen,
-                                 prompt_width=batch.prompt_width).compile().as_text()
-    index = _hlo_index(hlo)
+    grads, step = _update_programs(actor, batch)
+    # the optimizer step's instructions where their names are not the gradient program's too (the trace names an op
+    # by its instruction only; the step is a few % of the update)
+    index = {**_hlo_index(step.as_text()), **_hlo_index(grads.as_text())}
     shutil.rmtree(trace_dir, ignore_errors=True)
     trace_dir.mkdir(parents=True, exist_ok=True)
     actor.update(batch)  # make sure the update is compiled and warm before tracing

@@ -107,6 +107,17 @@ def test_loop_equals_plain_full_mini_batch_updates():
     assert len(set(np.round(all_losses, 6))) == len(all_losses)  # the params moved between updates
 
 
+def test_a_new_batch_shape_compiles_only_its_gradient_program():
+    """The optimizer step is a program of its own: batches of other widths (here other prompt widths, a static
+    argument of the gradient program) each compile a gradient program, and the one optimizer step serves them all."""
+    role = make_role(epochs=1)
+    for width in (1, 3, 5, 3):
+        role.run_updates(dataclasses.replace(make_batch(10, seed=width), prompt_width=width))
+    assert role._grads_fn._cache_size() == 3
+    assert role._step_fn._cache_size() == 1
+    assert role.num_updates == 4 * 3
+
+
 def test_shuffle_off_keeps_the_row_order_and_nonfinite_updates_are_counted():
     ordered, shuffled = make_role(shuffle=False, epochs=1), make_role(shuffle=True, epochs=1)
     batch = make_batch(10, seed=1)
