@@ -113,16 +113,13 @@ def _actor(pre, rows: int, micro: int, remat: bool):
 
 def _update_programs(actor, batch):
     """The two compiled programs of one mini-batch update: the gradient (micro-batch scan) and the optimizer step."""
-    import jax
     import numpy as np
 
     arrays = actor.minibatch_arrays(batch)
     stacked, nt, ns = actor.stack_micro(arrays, np.arange(batch.size), actor.mini_batch_rows, actor.micro_batch_rows)
-    args = (actor.params, stacked, nt, ns, actor.ref_params, actor.frozen)
-    grads = actor._grads_fn.lower(*args, prompt_width=batch.prompt_width).compile()
-    grads_shape, metrics_shape = jax.eval_shape(
-        lambda *a: actor.accumulate_grads(*a, prompt_width=batch.prompt_width), *args)
-    step = actor._step_fn.lower(actor.params, actor.opt_state, grads_shape, metrics_shape).compile()
+    grads = actor._grads_fn.lower(actor.params, stacked, nt, ns, actor.ref_params, actor.frozen,
+                                  prompt_width=batch.prompt_width).compile()
+    step = actor._step_fn.lower(actor.params, actor.opt_state, *grads.out_info).compile()  # (gradient, metrics)
     return grads, step
 
 

@@ -82,19 +82,17 @@ forward_response = _forward_response  # public name: the offline roles (jaxrl.wo
 
 
 def response_log_probs(graphdef, params, input_ids, positions, attention_mask, response_ids, prompt_width,
-                       temperature, activation_sharding=None, remat=None, with_entropy=False, chunked=True):
+                       temperature, activation_sharding=None, remat=None, with_entropy=False):
     """Log-probs (and entropies) of the response tokens ``response_ids`` ``[B, R]``: :func:`_forward_response`'s
     logits put through :func:`~jaxrl.algorithms.logprob.head_log_probs`, so the LM head and the log-softmax run in
-    position chunks and the whole ``[B, R, V]`` logits are never held (the same values; ``chunked=False``: the whole
-    logits at once, as :func:`_forward_response`).
+    position chunks and the whole ``[B, R, V]`` logits are never held (the same values).
 
     Returns:
       ``(log_probs, entropy)`` float32 ``[B, R]`` (``entropy`` None unless ``with_entropy``).
     """
     model, hidden = _response_hidden(graphdef, params, input_ids, positions, attention_mask, prompt_width,
                                      activation_sharding, remat)
-    return head_log_probs(hidden, response_ids, lambda h: model.logits(h) / temperature, with_entropy=with_entropy,
-                          chunked=chunked)
+    return head_log_probs(hidden, response_ids, lambda h: model.logits(h) / temperature, with_entropy=with_entropy)
 
 
 def _packed_hidden(graphdef, params, micro, activation_sharding=None, remat=None):
@@ -123,13 +121,12 @@ def _forward_packed(graphdef, params, micro, temperature, activation_sharding=No
     return model.logits(hidden) / temperature
 
 
-def _packed_log_probs(graphdef, params, micro, temperature, activation_sharding=None, remat=None, with_entropy=False,
-                      chunked=True):
+def _packed_log_probs(graphdef, params, micro, temperature, activation_sharding=None, remat=None, with_entropy=False):
     """Log-probs (and entropies) ``[G, K]`` of ``micro["score_ids"]`` at packed rows' scoring columns, through
     :func:`~jaxrl.algorithms.logprob.head_log_probs` (:func:`_forward_packed`'s values, in position chunks)."""
     model, hidden = _packed_hidden(graphdef, params, micro, activation_sharding, remat)
     return head_log_probs(hidden, micro["score_ids"], lambda h: model.logits(h) / temperature,
-                          with_entropy=with_entropy, chunked=chunked)
+                          with_entropy=with_entropy)
 
 
 class LogProbComputer:
@@ -409,33 +406,25 @@ class ActorWorker(TrainedRole):
     def _micro_loss(self, params, micro, num_tokens, num_seqs, prompt_width, ref_params=None):
         c = self.cfg
         mask = micro["response_mask"]
-        packed = "segment_ids" in micro  # packed rows: per-token values at the scoring columns, then the padded layout
-        per_token = (lambda x: to_slots(x, micro["slot_index"], mask)) if packed else (lambda x: x)  # noqa: E731
-        with_entropy = c.entropy_coeff != 0
-        if c.use_kl_loss and c.kl_loss_type == "full":  # the KL needs the whole distribution: keep the logits
-            if packed:
-                logits = _forward_packed(self.graphdef, params, micro, self.temperature, self.activation_sharding)
-                log_prob = per_token(log_probs_from_logits(logits, micro["score_ids"]))
-            else:
-                logits = _forward_response(
-                    self.graphdef, params, micro["input_ids"], micro["positions"], micro["attention_mask"],
-                    prompt_width, self.temperature, self.activation_sharding,
-                )
-                log_prob = log_probs_from_logits(logits, micro["response_ids"])
-            entropy = entropy_from_logits(logits) if with_entropy else None
+        full_kl = c.use_kl_loss and c.kl_loss_type == "full"
+        if "segment_ids" in micro:  # packed rows: per-token values at the scoring columns, then the padded layout
+            model, hidden = _packed_hidden(self.graphdef, params, micro, self.activation_sharding)
+            labels = micro["score_ids"]
+            per_token = lambda x: to_slots(x, micro["slot_index"], mask)  # noqa: E731
+        else:
+            model, hidden = _response_hidden(self.graphdef, params, micro["input_ids"], micro["positions"],
+                                             micro["attention_mask"], prompt_width, self.activation_sharding)
+            labels = micro["response_ids"]
+            per_token = lambda x: x  # noqa: E731
+        head = lambda h: model.logits(h) / self.temperature  # noqa: E731
+        if full_kl:  # the KL needs the whole distribution: keep the logits
+            logits = head(hidden)
+            log_prob = log_probs_from_logits(logits, labels)
+            entropy = entropy_from_logits(logits) if c.entropy_coeff != 0 else None
         else:  # fused_lm_head: in position chunks, never the whole [B, R, V] logits and their gradient
-            chunked = self.fused_lm_head
-            if packed:
-                log_prob, entropy = _packed_log_probs(self.graphdef, params, micro, self.temperature,
-                                                      self.activation_sharding, with_entropy=with_entropy,
-                                                      chunked=chunked)
-                log_prob = per_token(log_prob)
-            else:
-                log_prob, entropy = response_log_probs(
-                    self.graphdef, params, micro["input_ids"], micro["positions"], micro["attention_mask"],
-                    micro["response_ids"], prompt_width, self.temperature, self.activation_sharding,
-                    with_entropy=with_entropy, chunked=chunked,
-                )
+            log_prob, entropy = head_log_probs(hidden, labels, head, with_entropy=c.entropy_coeff != 0,
+                                               chunked=self.fused_lm_head)
+        log_prob = per_token(log_prob)
         # recompute_old_log_prob=False: on-policy, pi_old is the current policy (ratio 1, gradient of the
         # surrogate = advantage x grad log-prob); otherwise the old pass's log-probs.
         old_log_prob = jax.lax.stop_gradient(log_prob) if self.on_policy_ratio else micro["old_log_probs"]
@@ -456,7 +445,7 @@ class ActorWorker(TrainedRole):
             entropy_loss = agg_loss(per_token(entropy), mask, c.loss_agg_mode, **norms)
             loss = loss - c.entropy_coeff * entropy_loss
             metrics["actor/entropy"] = entropy_loss
-        if c.use_kl_loss and c.kl_loss_type == "full":
+        if full_kl:
             # Exact KL over the vocabulary: the reference's whole distribution, recomputed on this micro-batch.
             if "segment_ids" in micro:
                 ref_logits = jax.lax.stop_gradient(_forward_packed(

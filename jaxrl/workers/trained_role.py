@@ -22,9 +22,9 @@ copy) and the gradient, the optimizer state and the checkpoint cover ``params`` 
 and never updated. Without LoRA ``frozen`` is None and every program is the full fine-tuning one.
 
 On a device mesh (``mesh=...``, see :mod:`jaxrl.workers.placement`) params and optimizer state are sharded by the
-logical-axis rules and the update is one jit with explicit in/out shardings (params and optimizer state by the
-rules, the stacked ``[num_micro, micro_rows, ...]`` mini-batch with rows over the ``"batch"`` rule's axes,
-scalars and metrics replicated; the gradient like the params). Without a mesh the programs are the single-device ones.
+logical-axis rules and every program has explicit in/out shardings (params and optimizer state by the rules, the
+gradient like the params, the stacked ``[num_micro, micro_rows, ...]`` mini-batch with rows over the ``"batch"``
+rule's axes, scalars and metrics replicated). Without a mesh the programs are the single-device ones.
 """
 
 from __future__ import annotations

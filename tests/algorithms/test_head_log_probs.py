@@ -83,5 +83,6 @@ def test_entropy_is_none_unless_asked_and_bad_shapes_raise():
     hidden, w, labels = _inputs()
     lp, ent = head_log_probs(hidden, labels, lambda h: h @ w, chunk_bytes=1)
     assert ent is None and lp.shape == (B, R)
-    with pytest.raises(ValueError, match=r"hidden must be \[B, R, H\] and labels \[B, R\], got \(3, 11, 8\) and \(3, 10\)"):
+    with pytest.raises(ValueError,
+                       match=r"hidden must be \[B, R, H\] and labels \[B, R\], got \(3, 11, 8\) and \(3, 10\)"):
         head_log_probs(hidden, labels[:, :10], lambda h: h @ w)
