@@ -150,6 +150,8 @@ def main() -> None:
         trainer.step = step
         batch = metrics = None
         for name in PHASES:
+            if name == "update_actor":  # as Trainer.train_step: freed memory back to the OS before the update
+                release_free_memory()
             before = rss.reset()
             t = time.perf_counter()
             if name == "gen":

@@ -147,7 +147,7 @@ def _build_components(cfg, out_dir: Path) -> Components:
         experience=experience, train_data=train_data, val_rows=val_examples, logger=logger, out_dir=out_dir,
         total_training_steps=total, store=store,
         model_meta=model_meta(pre.config, path=arr.model.path, param_dtype=arr.model.param_dtype,
-                              lora=_lora_meta(actor.lora)),
+                              lora=_lora_meta(actor.lora), scan_layout=actor.scan_layout),
         critic=critic, placement=placement, weight_sync=weight_sync, reward_model=reward_model, prm=prm,
     )
 
@@ -303,6 +303,7 @@ def _build_actor_and_reference(cfg, graphdef, params, total_training_steps, plac
     import jax
     from flax import nnx
 
+    from jaxrl.models.scan_layout import stack_layers
     from jaxrl.workers.actor import ActorWorker, LogProbComputer
 
     arr = cfg.actor_rollout_ref
@@ -331,14 +332,20 @@ def _build_actor_and_reference(cfg, graphdef, params, total_training_steps, plac
             actor = _build_preference_actor(cfg, graphdef, params, total_training_steps, placement)
         else:
             actor = ActorWorker(graphdef, params, arr.actor, ref_params=ref_params, **common)
-        if ref_params is not None and placement is not None:
-            from sharding import shard_state
+    ref_graphdef = actor.base_graphdef
+    if ref_params is not None and spec is None and actor.scan_layout:
+        # the reference in the actor's layout (jaxrl.models.scan_layout): without a mesh the old-log-prob pass and
+        # the reference's then run one compiled program
+        ref_graphdef, ref_params = stack_layers(actor.base_graphdef, ref_params)
+    if ref_params is not None and spec is None and placement is not None:
+        from sharding import shard_state
 
-            ref_params = shard_state(ref_params, actor.param_shardings)
+        ref_params = shard_state(ref_params, actor.param_shardings if ref_graphdef == actor.graphdef
+                                 else actor.base_param_shardings)
     actor.init_optimizer()  # now, so a checkpoint always has its state
     if ref_params is None:
         return actor, None
-    ref = _Reference(LogProbComputer(actor.base_graphdef, micro_batch_size=plan.ref_log_prob_rows,
+    ref = _Reference(LogProbComputer(ref_graphdef, micro_batch_size=plan.ref_log_prob_rows,
                                      temperature=rollout_cfg.temperature, remove_padding=plan.actor.remove_padding,
                                      max_token_len=plan.ref_max_token_len,
                                      max_token_key="actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
@@ -381,7 +388,7 @@ def _build_rollout(cfg, model_cfg, graphdef, params, tokenizer, actor, placement
     from jaxrl.rollout.factory import start_rollout
 
     weight_sync = start_rollout(
-        cfg, model_cfg, graphdef, actor.merged_params() if placement else params, tokenizer,
+        cfg, model_cfg, graphdef, _initial_rollout_params(actor, params, placement), tokenizer,
         mesh=placement.rollout_mesh if placement else None, rules=placement.rollout_rules if placement else None,
         split=placement is not None and placement.kind == "split",
     )
@@ -389,6 +396,15 @@ def _build_rollout(cfg, model_cfg, graphdef, params, tokenizer, actor, placement
     log.info("rollout engine %s: %s", cfg.actor_rollout_ref.rollout.name,
              getattr(engine, "engine_name", None) or type(engine).__name__)
     return engine, weight_sync
+
+
+def _initial_rollout_params(actor, params, placement):
+    """The weights the engine starts on: with a placement the actor's (translated by the initial sync); without one
+    the actor's own arrays when it holds them in the scan layout (:meth:`ActorWorker.rollout_params`: the loaded
+    per-layer ``params`` are then no longer referenced and freed), else ``params``."""
+    if placement is not None:
+        return actor.merged_params()
+    return actor.rollout_params() if getattr(actor, "scan_layout", False) else params
 
 
 def _build_critic(cfg, policy, total_training_steps, placement=None):

@@ -153,6 +153,14 @@ def _restore_actor(checkpoint: str | os.PathLike, step: int | None):
             spec = LoraSpec(rank=int(lora["rank"]), alpha=float(lora["alpha"]), target_modules=list(lora["targets"]))
             params, info = apply_lora(abstract, spec)
             built["lora"] = info
+        elif model.get("scan_layout"):  # saved with the layers stacked (jaxrl.models.scan_layout): that tree
+            from jaxrl.models.scan_layout import stack_layers
+
+            training = nnx.eval_shape(
+                lambda: Decoder(cfg, rngs=nnx.Rngs(0), param_dtype=dtype, dtype=dtype, remat=True))
+            train_graphdef = nnx.graphdef(training)
+            params = jax.eval_shape(lambda p: stack_layers(train_graphdef, p)[1], nnx.state(training))
+            built["scan_layout"] = True
         target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=cpu), params)
         return {"actor": {"params": target}}
 
@@ -164,7 +172,12 @@ def _restore_actor(checkpoint: str | os.PathLike, step: int | None):
         raise
     finally:
         store.close()
-    return step, built, arrays["actor"]["params"], store
+    params = arrays["actor"]["params"]
+    if built.get("scan_layout"):  # back to the per-layer tree of built["graphdef"]
+        from jaxrl.models.scan_layout import unstack_layers
+
+        params = jax.jit(unstack_layers)(params)
+    return step, built, params, store
 
 
 def _base_model(built: dict):

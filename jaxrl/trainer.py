@@ -103,6 +103,9 @@ class Trainer(TrainingLoop):
                     batch.token_level_rewards = self._apply_kl_in_reward(batch, metrics)
                     batch.advantages, batch.returns = self._advantages(batch)
 
+                # the rollout's freed buffers back to the OS before the updates' temporaries (the step's peak) are
+                # allocated: glibc keeps freed pages mapped otherwise, and they add to that peak
+                release_free_memory()
                 if c.critic is not None:
                     with timed("update_critic", t):
                         metrics.update(c.critic.update(batch))
@@ -216,7 +219,8 @@ class Trainer(TrainingLoop):
         bytes moved between devices. With LoRA the engine gets the merged weights (``ActorWorker.merged_params``).
         With the async pipeline on the train devices (no mesh, or colocated) the engine gets a copy: it generates
         while the next update donates the actor's buffers. Any failure raises ``WeightSyncError``."""
-        params = self.c.actor.merged_params()
+        params = self.c.actor.rollout_params() if hasattr(self.c.actor, "rollout_params") else \
+            self.c.actor.merged_params()
         if self.pipeline is not None and (self.c.placement is None or self.c.placement.kind == "colocated"):
             import jax
 

@@ -50,7 +50,7 @@ def latest_complete_step(directory: str | os.PathLike) -> int | None:
 # --------------------------------------------------------------------------------------------- helpers
 
 
-def model_meta(model_cfg, *, path: str, param_dtype: str, lora: dict | None = None) -> dict:
+def model_meta(model_cfg, *, path: str, param_dtype: str, lora: dict | None = None, scan_layout: bool = False) -> dict:
     """The ``meta["model"]`` entry :mod:`jaxrl.export` needs to rebuild the policy without the original files.
 
     Args:
@@ -61,12 +61,15 @@ def model_meta(model_cfg, *, path: str, param_dtype: str, lora: dict | None = No
       lora: the actor's LoRA adapters, ``{"rank", "alpha", "targets": [HF module names]}``, or None (full
         fine-tuning: the checkpoint holds the whole policy). With LoRA the checkpoint holds the adapters only and
         the export rebuilds the policy from the base model at ``path``.
+      scan_layout: the actor's params are saved in the scan layout (layers stacked, :mod:`jaxrl.models.scan_layout`).
 
     Returns:
-      ``{"hf_config": model_cfg.to_hf_config(), "path": path, "param_dtype": param_dtype}`` (+ ``"lora"``)
-      (JSON-serialisable).
+      ``{"hf_config": model_cfg.to_hf_config(), "path": path, "param_dtype": param_dtype}`` (+ ``"lora"``,
+      + ``"scan_layout": True``) (JSON-serialisable).
     """
     meta = {"hf_config": model_cfg.to_hf_config(), "path": str(path), "param_dtype": str(param_dtype)}
+    if scan_layout:
+        meta["scan_layout"] = True
     if lora is not None:
         meta["lora"] = {"rank": int(lora["rank"]), "alpha": float(lora["alpha"]), "targets": list(lora["targets"])}
     return meta

@@ -175,7 +175,8 @@ class TrainWorker(_Member):
         self.roles = {k: v for k, v in (("actor", actor), ("ref", ref), ("critic", critic)) if v is not None}
         arr = cfg.actor_rollout_ref
         meta = model_meta(pre.config, path=arr.model.path, param_dtype=arr.model.param_dtype,
-                          lora=build._lora_meta(actor.lora))
+                          lora=build._lora_meta(actor.lora), scan_layout=actor.scan_layout)
+        self.pre = types.SimpleNamespace(config=pre.config)  # the loaded weights are the roles' now: not kept twice
         return {"model_meta": meta, "roles": sorted(self.roles), "lora": actor.lora is not None,
                 "graphdef": actor.base_graphdef}
 

@@ -386,6 +386,35 @@ def _call_block(block: Block, x, cos, sin, mask, k_cache, v_cache, cache_index, 
 _remat_block = nnx.remat(_call_block)
 
 
+def _scan_blocks(graphdef, stacked, x, cos, sin, mask, constrain, *, remat: bool):
+    """``x`` through the blocks whose weights ``stacked`` holds along a leading ``[L, ...]`` axis (``graphdef``: one
+    block's), as one ``lax.scan``; each step rematerialised (``jax.checkpoint``) when ``remat``."""
+
+    def step(h, state):
+        h, _, _ = nnx.merge(graphdef, state)(h, cos, sin, mask, None, None, None)
+        return constrain(h)
+
+    step = jax.checkpoint(step) if remat else step
+    x, _ = jax.lax.scan(lambda h, state: (step(h, state), None), x, stacked)
+    return x
+
+
+class StackedBlocks(nnx.Module):
+    """``L`` blocks of one structure stored as one :class:`Block` whose parameters carry a leading ``[L, ...]`` axis
+    (MaxText's ``scan_layers`` layout): a :class:`Decoder`'s ``layers`` in the training layout
+    (:func:`jaxrl.models.scan_layout.stack_layers`). The forward is a ``lax.scan`` over the stacked weights, so the
+    training step neither stacks them per call nor unstacks their gradient. Built only by that function.
+
+    Attributes:
+      block: the block holding the stacked parameters.
+      num_layers: ``L``.
+    """
+
+    def __init__(self, block: Block, num_layers: int):
+        self.block = block
+        self.num_layers = int(num_layers)
+
+
 class Decoder(nnx.Module):
     """Causal language model: token embedding, ``L`` pre-norm blocks, final RMSNorm, LM head (tied or not).
 
@@ -397,6 +426,11 @@ class Decoder(nnx.Module):
             returned logits are float32 regardless.
         remat: recompute each block's activations in the backward pass (the training forward then runs the blocks
             as a rematerialised ``lax.scan``: :meth:`_remat_scan`).
+
+    Attributes:
+        layers: the ``L`` blocks, an ``nnx.List`` of :class:`Block`; or, in the training layout of a trained role
+            (:func:`jaxrl.models.scan_layout.stack_layers`), one :class:`StackedBlocks` holding them stacked
+            (forward without a KV cache only).
     """
 
     def __init__(
@@ -536,7 +570,16 @@ class Decoder(nnx.Module):
         new_k, new_v = (None, None) if cache is None else (cache.k, cache.v)
         # Remat only pays off when a backward pass follows; cached decoding never differentiates.
         use_remat = self.remat if remat is None else bool(remat)
-        scanned = self._remat_scan(x, cos, sin, mask, constrain) if (use_remat and cache is None) else None
+        if isinstance(self.layers, StackedBlocks):  # the training layout: one scan over the stacked weights
+            if cache is not None:
+                raise ValueError("a decoder in the scan layout (layers stacked for training) does not decode with "
+                                 "a KV cache; decode with the per-layer weights (jaxrl.models.scan_layout."
+                                 "unstack_layers)")
+            block_graphdef, stacked = nnx.split(self.layers.block)
+            x = _scan_blocks(block_graphdef, stacked, x, cos, sin, mask, constrain, remat=use_remat)
+            scanned = x
+        else:
+            scanned = self._remat_scan(x, cos, sin, mask, constrain) if (use_remat and cache is None) else None
         if scanned is not None:
             x = scanned
         else:
@@ -562,9 +605,10 @@ class Decoder(nnx.Module):
         are alive at once and remat saves nothing (SmolLM2-135M, one packed row of 2048 tokens: 15.2 GB of
         temporaries with per-block remat, 15.6 GB without, 1.5 GB as a rematerialised scan). Inside a scan the
         backward of step ``i`` can only recompute step ``i``. MaxText scans its layers for the same reason
-        (``scan_layers``). The stacked weights are a copy made inside the program (their gradient flows back
-        through it), so the stored parameters keep their per-layer layout. The step compiles once, not ``L``
-        times.
+        (``scan_layers``). Here the stacked weights are a copy made inside the program (their gradient flows back
+        through it and is sliced into per-layer arrays); a trained role avoids both copies by holding its weights
+        stacked (:class:`StackedBlocks`, :mod:`jaxrl.models.scan_layout`), so this path serves per-layer models
+        (e.g. with LoRA adapters on every layer). The step compiles once, not ``L`` times.
 
         Returns:
           the residual stream after the last block ``[B, T, H]``, or None when the blocks differ in structure
@@ -575,14 +619,7 @@ class Decoder(nnx.Module):
         if len(splits) < 2 or any(g != graphdef for g, _ in splits[1:]):
             return None
         stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *(state for _, state in splits))
-
-        @jax.checkpoint
-        def step(h, state):
-            h, _, _ = nnx.merge(graphdef, state)(h, cos, sin, mask, None, None, None)
-            return constrain(h)
-
-        x, _ = jax.lax.scan(lambda h, state: (step(h, state), None), x, stacked)
-        return x
+        return _scan_blocks(graphdef, stacked, x, cos, sin, mask, constrain, remat=True)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """The LM head: final-normed hidden states ``[B, T, H]`` -> float32 logits ``[B, T, V]``.

@@ -223,7 +223,7 @@ def _build(cfg, kind: str, out_dir: Path) -> OfflineComponents:
         if placement is not None:
             from sharding import shard_state
 
-            ref_params = shard_state(ref_params, actor.param_shardings)
+            ref_params = shard_state(ref_params, actor.base_param_shardings)
     actor.init_optimizer()  # now, so a checkpoint always has its state
     logger = MetricsLogger(cfg.trainer.logger, out_dir, project_name=cfg.trainer.project_name,
                            experiment_name=cfg.trainer.experiment_name, config=config_to_dict(cfg))
@@ -238,6 +238,7 @@ def _build(cfg, kind: str, out_dir: Path) -> OfflineComponents:
         cfg=cfg, kind=kind, tokenizer=tokenizer, model_cfg=pre.config, actor=actor, train_data=train_data,
         val_items=val_items, val_width=width(val_items) if val_items else 0, logger=logger, out_dir=out_dir,
         total_training_steps=total, store=store,
-        model_meta=model_meta(pre.config, path=cfg.model.partial_pretrain, param_dtype=cfg.model.param_dtype),
+        model_meta=model_meta(pre.config, path=cfg.model.partial_pretrain, param_dtype=cfg.model.param_dtype,
+                              scan_layout=actor.scan_layout),
         ref_params=ref_params, placement=placement,
     )

@@ -156,4 +156,5 @@ def start_rollout(cfg, model_cfg, graphdef, params, tokenizer, *, mesh: Mesh | N
         lambda initial: make_rollout_engine(cfg, model_cfg, graphdef, initial, tokenizer, mesh=mesh, rules=rules,
                                             split=split),
         model_cfg=model_cfg,
+        engine_takes_scan_layout=cfg.actor_rollout_ref.rollout.name == "jax" and mesh is None,
     )

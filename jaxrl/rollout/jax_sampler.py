@@ -44,7 +44,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxrl.distributed import to_global, to_host
 from jaxrl.models.config import ModelConfig
 from jaxrl.models.decoder import init_cache
-from jaxrl.rollout.base import RolloutOutput, SamplingParams, check_prompts
+from jaxrl.models.scan_layout import is_scan_layout, unstack_layers, unstacked_copy
+from jaxrl.rollout.base import RolloutOutput, SamplingParams, WeightFormatError, check_prompts
 from jaxrl.rollout.sampling import select_tokens
 from jaxrl.rollout.weight_format import WeightFormat, check_same_params
 from sharding.rules import Rules
@@ -52,6 +53,11 @@ from sharding.rules import Rules
 __all__ = ["JaxSampler"]
 
 _MIN_STOP_SLOTS = 8
+
+
+def _per_layer(params):
+    """``params``' per-layer tree (abstract: shapes and dtypes only) when in the scan layout, else ``params``."""
+    return jax.eval_shape(unstack_layers, params) if is_scan_layout(params) else params
 
 
 def _next_pow2(x: int) -> int:
@@ -146,6 +152,11 @@ class JaxSampler:
             self._rows = NamedSharding(mesh, PartitionSpec("data"))
             self._replicated = NamedSharding(mesh, PartitionSpec())
         self._graphdef = graphdef
+        # without a mesh the weights may come in the trainer's scan layout (layers stacked, jaxrl.models.scan_layout,
+        # the actor's own buffers): generate() unstacks them for its call only, so no per-layer copy outlives it
+        self.takes_scan_layout = mesh is None
+        if is_scan_layout(params) and not self.takes_scan_layout:
+            raise WeightFormatError(f"{self.engine_name} takes per-layer weights; got the scan layout (stacked layers)")
         self._params = jax.tree.map(jnp.asarray, params)
         self._num_traces = 0
         self.last_decode_steps = 0  # decode-loop steps of the last generate() (max over chunks)
@@ -178,13 +189,16 @@ class JaxSampler:
         Args:
           params: an ``nnx.State`` with exactly the same tree structure, leaf shapes and dtypes as the
             current one (e.g. the trainer's updated ``nnx.state(model)`` after layout translation); with a mesh,
-            every array on it.
+            every array on it. Without a mesh the same weights in the scan layout (a trained role's stacked layers)
+            are accepted too (compared after unstacking).
         Raises:
           WeightFormatError: not an ``nnx.State``, or (with a mesh) arrays that do not live on the mesh.
           ValueError: names the missing/extra leaf paths, or the first leaves whose shape or dtype differ.
         """
         self.weight_format.check(params, self.engine_name)
-        check_same_params(self._params, params, "sampler")
+        if is_scan_layout(params) and not self.takes_scan_layout:
+            raise WeightFormatError(f"{self.engine_name} takes per-layer weights; got the scan layout (stacked layers)")
+        check_same_params(_per_layer(self._params), _per_layer(params), "sampler")
         new = jax.tree.map(jnp.asarray, params)
         self._params = new
 
@@ -364,6 +378,9 @@ class JaxSampler:
 
         chunk = self.max_batch_size or rows
         self.last_decode_steps = 0
+        # per-layer weights for this call only (the decode reads each layer's arrays; slicing a stacked weight inside
+        # the loop would copy it every step)
+        weights = unstacked_copy(self._params)  # the layers only: the embedding stays the actor's array
         out_ids, out_mask, out_logp = [], [], []
         for start in range(0, rows, chunk):
             stop = min(start + chunk, rows)
@@ -377,9 +394,9 @@ class JaxSampler:
             row_valid = np.arange(bsz) < m
             ids_c, mask_c = (jnp.asarray(ids_c), jnp.asarray(mask_c)) if self.mesh is None else \
                 self._place_rows(ids_c, mask_c)
-            cache = self._prefill(self._params, ids_c, mask_c, max_new_tokens=r)
+            cache = self._prefill(weights, ids_c, mask_c, max_new_tokens=r)
             ids, mask, logp, steps, cache = self._decode(
-                self._params, cache, ids_c, mask_c, row_ids, row_valid, stop_ids, controls
+                weights, cache, ids_c, mask_c, row_ids, row_valid, stop_ids, controls
             )
             del cache
             ids, mask, logp, steps = to_host((ids, mask, logp, steps))  # rows spread over processes: gathered

@@ -30,6 +30,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from jaxrl.models.scan_layout import unstacked_copy
 from jaxrl.rollout.base import WeightSyncError
 from jaxrl.rollout.weight_format import WeightFormat
 from sharding import ModelInfo, TargetSpec, Translator, build_plan
@@ -105,6 +106,8 @@ class WeightSync:
         if problem:
             raise ValueError(f"{_name(engine)} takes {fmt.describe()}, but {problem}")
         self.engine, self.translator, self.format = engine, translator, fmt
+        # the trainer's scan layout (stacked layers) goes to the engine as it is only when it unstacks per call itself
+        self.takes_scan_layout = translator is None and bool(getattr(engine, "takes_scan_layout", False))
         self.num_syncs = 0
         self.initial_report: WeightSyncReport | None = None
         self._expected = None if translator is None else {
@@ -118,7 +121,7 @@ class WeightSync:
 
     @classmethod
     def start(cls, fmt: WeightFormat, params: Any, make_engine: Callable[[Any], Any], *,
-              model_cfg=None) -> "WeightSync":
+              model_cfg=None, engine_takes_scan_layout: bool = False) -> "WeightSync":
         """Build the translator for ``fmt``, start the engine, and return the WeightSync over both.
 
         An engine in the ``"jax"`` format on a mesh starts on the initial sync's output (``params`` translated
@@ -131,15 +134,22 @@ class WeightSync:
           params: the trainer's initial ``nnx.State`` (as placed for training).
           make_engine: ``make_engine(initial_weights) -> engine``.
           model_cfg: the policy's ``ModelConfig`` (HF formats).
+          engine_takes_scan_layout: the engine ``make_engine`` builds accepts weights in the scan layout
+            (:mod:`jaxrl.models.scan_layout`; the JAX sampler without a mesh); otherwise such ``params`` are
+            unstacked first.
 
         Raises:
           ValueError: the engine declares another format than ``fmt``; the errors of :func:`make_translator` and of
             ``make_engine``.
         """
-        translator = make_translator(fmt, params, model_cfg=model_cfg)
-        initial, report = params, None
+        per_layer = per_layer_params(params)
+        translator = make_translator(fmt, per_layer, model_cfg=model_cfg)
+        # the scan layout (a trained role's stacked layers) only to an engine without a translator that takes it:
+        # then it holds the trainer's own arrays and no per-layer copy lives beside them
+        initial, report = (params if translator is None and engine_takes_scan_layout else per_layer), None
+        del per_layer
         if fmt.kind == "jax" and translator is not None:
-            initial, tr = translator.sync(params)
+            initial, tr = translator.sync(initial)
             report = WeightSyncReport(tr.bytes_moved, tr.seconds, tr.num_tensors)
             log.info("initial weight sync: %d tensors, %.1f MB moved in %.2f s", report.num_tensors,
                      report.bytes_moved / 1e6, report.seconds)
@@ -168,6 +178,8 @@ class WeightSync:
         """
         where = f"weight sync #{self.num_syncs + 1} into {_name(self.engine)}"
         t0 = time.perf_counter()
+        if not self.takes_scan_layout:
+            params = per_layer_params(params)
         if self.translator is None:
             weights, moved, tensors = params, 0, len(jax.tree.leaves(params))
         else:
@@ -189,6 +201,13 @@ class WeightSync:
             raise WeightSyncError(f"{where} failed: {type(e).__name__}: {e}") from e
         self.num_syncs += 1
         return WeightSyncReport(int(moved), time.perf_counter() - t0, int(tensors))
+
+
+def per_layer_params(params: Any) -> Any:
+    """``params`` in the per-layer layout every engine and translator reads: a trained role's scan layout
+    (:mod:`jaxrl.models.scan_layout`) with its stacked layers copied apart (one jitted program); other params
+    unchanged."""
+    return unstacked_copy(params)
 
 
 def _name(engine: Any) -> str:

@@ -358,7 +358,7 @@ class ActorWorker(TrainedRole):
         else:
             self.ref_params = ref_params if full_kl else None
             if self.ref_params is not None and mesh is not None:
-                self.ref_params = shard_state(self.ref_params, self.param_shardings)
+                self.ref_params = shard_state(self.ref_params, self.base_param_shardings)
         self.temperature = float(temperature)
         entry = POLICY_LOSSES.entry(actor_cfg.policy_loss.loss_mode)
         self._policy_loss = entry.load()
@@ -366,7 +366,7 @@ class ActorWorker(TrainedRole):
         self._loss_options = {name: getattr(actor_cfg.policy_loss, name) for name in entry.options}
         # recompute_old_log_prob=False: pi_old = stop_gradient(current log-probs) in the loss (see the schema)
         self.on_policy_ratio = not actor_cfg.recompute_old_log_prob
-        self.log_prob = LogProbComputer(graphdef, micro_batch_size=plan.forward_rows, temperature=temperature,
+        self.log_prob = LogProbComputer(self.graphdef, micro_batch_size=plan.forward_rows, temperature=temperature,
                                         mesh=mesh, rules=rules, remove_padding=plan.remove_padding,
                                         max_token_len=plan.forward_max_token_len,
                                         max_token_key=plan.forward_max_token_key)
@@ -377,7 +377,7 @@ class ActorWorker(TrainedRole):
     def _extra_shardings(self):
         if self.ref_params is None:
             return None
-        return self.param_shardings if self.lora is None else self.frozen_shardings
+        return self.base_param_shardings if self.lora is None else self.frozen_shardings
 
     # -- phases ----------------------------------------------------------------------------------------------
 
@@ -402,6 +402,13 @@ class ActorWorker(TrainedRole):
                               jax.jit(merge, in_shardings=(self.param_shardings, self.frozen_shardings),
                                       out_shardings=self.frozen_shardings))
         return self._merge_fn(self.params, self.frozen)
+
+    def rollout_params(self):
+        """What the rollout engine is synced with: :meth:`model_state` as it is when the actor holds the scan layout
+        (no copy; :class:`~jaxrl.rollout.weight_sync.WeightSync` unstacks it for an engine that needs per-layer
+        arrays, and the JAX sampler does so per ``generate`` call, so no per-layer copy lives through the update),
+        else :meth:`merged_params`."""
+        return self.model_state() if self.scan_layout else self.merged_params()
 
     def _micro_loss(self, params, micro, num_tokens, num_seqs, prompt_width, ref_params=None):
         c = self.cfg

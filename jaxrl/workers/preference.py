@@ -70,8 +70,11 @@ class PreferenceWorker(TrainedRole):
         self.beta = float(dpo_cfg.beta)
         self.temperature = float(temperature)
         self.loss_key = "train/loss" if name == "train" else f"{name}/dpo_loss"
-        self.log_prob = LogProbComputer(graphdef, micro_batch_size=plan.forward_rows, temperature=temperature,
+        self.log_prob = LogProbComputer(self.graphdef, micro_batch_size=plan.forward_rows, temperature=temperature,
                                         mesh=mesh, rules=rules)
+        # the reference's weights keep the per-layer layout (the trained ones may be stacked: jaxrl.models.scan_layout)
+        self.ref_log_prob = self.log_prob if self.base_graphdef == self.graphdef else LogProbComputer(
+            self.base_graphdef, micro_batch_size=plan.forward_rows, temperature=temperature, mesh=mesh, rules=rules)
 
     def minibatch_arrays(self, pairs) -> dict[str, np.ndarray]:
         """Per-pair arrays ``[M, 2, ...]`` (axis 1: chosen, rejected) of a :class:`~jaxrl.batch.PairBatch`
@@ -125,7 +128,7 @@ class PreferenceWorker(TrainedRole):
 
     def reference_logps(self, ref_params, pairs) -> None:
         """Fill ``pairs.ref_chosen_logps`` / ``ref_rejected_logps`` with ``ref_params``' sequence log-probs."""
-        both = sequence_logps(self.log_prob, ref_params, pairs.both())
+        both = sequence_logps(self.ref_log_prob, ref_params, pairs.both())
         pairs.ref_chosen_logps, pairs.ref_rejected_logps = both[: pairs.size], both[pairs.size:]
 
     def update(self, pairs) -> dict[str, float]:

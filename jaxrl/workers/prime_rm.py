@@ -64,7 +64,7 @@ class ImplicitPRMWorker(TrainedRole):
         if mesh is not None:
             self.ref_params, _ = shard_tree(ref_params, mesh, self.rules)
         common = dict(micro_batch_size=plan.forward_rows, temperature=1.0, mesh=mesh, rules=rules)
-        self.log_prob = LogProbComputer(graphdef, **common)
+        self.log_prob = LogProbComputer(self.graphdef, **common)
         self.ref_log_prob = LogProbComputer(ref_graphdef, **common)
 
     # -- forwards --------------------------------------------------------------------------------------------

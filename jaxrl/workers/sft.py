@@ -58,7 +58,7 @@ class SFTWorker(TrainedRole):
                  seed: int = 0, mesh=None, rules=None):
         super().__init__(graphdef, params, plan=plan, optim=optim, grad_clip=grad_clip, shuffle=False,
                          total_training_steps=total_training_steps, seed=seed, mesh=mesh, rules=rules)
-        self.log_prob = LogProbComputer(graphdef, micro_batch_size=plan.forward_rows, temperature=1.0, mesh=mesh,
+        self.log_prob = LogProbComputer(self.graphdef, micro_batch_size=plan.forward_rows, temperature=1.0, mesh=mesh,
                                         rules=rules)
 
     def minibatch_arrays(self, batch: RLBatch) -> dict[str, np.ndarray]:

@@ -37,12 +37,14 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl.config.batch_plan import RolePlan
 from jaxrl.distributed import to_global, to_host
+from jaxrl.models.scan_layout import stack_layers, unstack_layers, unstacked_copy
 from jaxrl.workers.microbatch import check_row_shards, guarded_update, scan_accumulate, stack_micro
 from jaxrl.workers.packing import micro_layout, real_lengths
 from jaxrl.workers.seqlen import plan_slots
 from jaxrl.workers.optim import make_optimizer
 from jaxrl.workers.placement import activation_sharding, batch_shards, jit_sharded, rows_sharding, shard_tree
 from sharding import DEFAULT_RULES
+from sharding.rules import param_shardings
 
 
 class TrainedRole:
@@ -85,8 +87,14 @@ class TrainedRole:
     def __init__(self, graphdef, params, *, plan: RolePlan, optim, grad_clip: float, shuffle: bool,
                  total_training_steps: int, seed: int = 0, mesh=None, rules=None, frozen=None):
         plan.check()
-        self.graphdef = graphdef
         self.base_graphdef = graphdef
+        self.scan_layout = False
+        if frozen is None:  # full fine-tuning: the layers stacked for the update's scan (jaxrl.models.scan_layout)
+            stacked = stack_layers(graphdef, params)
+            if stacked is not None:
+                graphdef, params = stacked
+                self.scan_layout = True
+        self.graphdef = graphdef
         self.params = params
         self.frozen = frozen
         self.frozen_shardings = None
@@ -95,6 +103,8 @@ class TrainedRole:
         self.rules = DEFAULT_RULES if rules is None else rules
         self.activation_sharding = activation_sharding(mesh, self.rules)
         self.param_shardings = None  # mesh only: the params' NamedShardings (also the jit in/out shardings)
+        self.base_param_shardings = None  # mesh only: the same in the per-layer layout (merged_params, a reference)
+        self._unstack_fn = None
         self.opt_shardings = None
         shards = 1 if mesh is None else batch_shards(mesh, self.rules)
         if plan.batch_shards != shards:
@@ -110,6 +120,8 @@ class TrainedRole:
             if plan.forward_max_token_len is None and not plan.remove_padding:
                 check_row_shards(plan.forward_rows, shards, f"the micro-batch of {plan.forward_key}")
             self.params, self.param_shardings = shard_tree(params, mesh, self.rules)
+            self.base_param_shardings = self.param_shardings if not self.scan_layout else param_shardings(
+                jax.eval_shape(unstack_layers, params), mesh, self.rules)
             if frozen is not None:
                 self.frozen, self.frozen_shardings = shard_tree(frozen, mesh, self.rules)
         self.rng = np.random.default_rng(seed)
@@ -219,10 +231,18 @@ class TrainedRole:
         return self.full_state(self.params, self.frozen)
 
     def merged_params(self):
-        """The model's weights in :attr:`base_graphdef`'s tree, what the rollout engine and the Hugging Face export
-        take (``nnx.merge(base_graphdef, merged_params())`` is the model): here :meth:`model_state` (full
-        fine-tuning: :attr:`params` itself); a role with LoRA adapters on a policy merges them into the base."""
-        return self.model_state()
+        """The model's weights in :attr:`base_graphdef`'s tree, what the Hugging Face export and a rollout engine
+        take (``nnx.merge(base_graphdef, merged_params())`` is the model): :meth:`model_state`, in the scan layout
+        unstacked into per-layer arrays (one jitted copy, :func:`~jaxrl.models.scan_layout.unstack_layers`); a role
+        with LoRA adapters on a policy merges them into the base."""
+        if not self.scan_layout:
+            return self.model_state()
+        if self.mesh is None:  # the layers copied apart; the embedding and norms are the role's own arrays
+            return unstacked_copy(self.model_state())
+        if self._unstack_fn is None:
+            self._unstack_fn = jax.jit(unstack_layers, in_shardings=(self.param_shardings,),
+                                       out_shardings=self.base_param_shardings)
+        return self._unstack_fn(self.model_state())
 
     # -- the update ------------------------------------------------------------------------------------------
 
