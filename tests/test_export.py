@@ -44,7 +44,8 @@ def run_dir(shared, tmp_path_factory):
     expected = to_hf_tensors(nnx.merge(graphdef, params))
     golden = json.loads((model_path / "greedy_from_bos_256_ids.json").read_text())
     return {"root": root, "expected": expected, "golden": golden, "bos": pre.config.bos_token_id,
-            "eos": set(pre.config.eos_token_id), "model_path": model_path}
+            "eos": set(pre.config.eos_token_id), "model_path": model_path, "config": pre.config,
+            "tokenizer": pre.tokenizer, "params": params}
 
 
 def _hf_greedy(out_dir, bos: int, eos: set[int]) -> list[int]:
@@ -98,6 +99,34 @@ def test_export_matches_transformers_and_generate(run_dir, tmp_path, capsys):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == hf_ids
+
+
+def test_a_scan_layout_checkpoint_exports_the_same_weights(run_dir, tmp_path):
+    """A trained role saves its layers stacked (jaxrl.models.scan_layout; meta["model"]["scan_layout"]): the export
+    unstacks them into the same Hugging Face tensors as the per-layer checkpoint of the same weights."""
+    from safetensors.numpy import load_file
+
+    from jaxrl.models.decoder import Decoder
+    from jaxrl.models.scan_layout import is_scan_layout, stack_layers
+
+    per_layer = run_dir["params"]
+    cfg = run_dir["config"]
+    training = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0), remat=True)))[0]
+    _, stacked = stack_layers(training, per_layer)
+    assert is_scan_layout(stacked)
+    root = tmp_path / "scan_run"
+    store = CheckpointStore(root, max_to_keep=None)
+    store.save_tokenizer(run_dir["tokenizer"])
+    meta = {"step": 4, "model": model_meta(cfg, path=str(run_dir["model_path"]), param_dtype="float32",
+                                           scan_layout=True)}
+    store.save(4, arrays={"actor": {"params": stacked, "opt_state": optax.adamw(1e-3).init(stacked)}}, meta=meta)
+    store.close()
+    out = tmp_path / "hf_scan"
+    assert export_main([str(root), "--output", str(out)]) == 0
+    tensors = load_file(str(out / "model.safetensors"))
+    assert tensors.keys() == run_dir["expected"].keys()
+    for name, arr in run_dir["expected"].items():
+        np.testing.assert_array_equal(tensors[name], arr, err_msg=name)
 
 
 def test_export_from_run_dir_uses_newest_step(run_dir, tmp_path):
