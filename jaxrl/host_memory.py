@@ -19,6 +19,14 @@ trainers' step, and each hybrid worker group member when the driver asks for its
 process holds, not what glibc kept. Elsewhere than glibc (macOS, musl, Windows) there is no ``malloc_trim`` and
 :func:`release_free_memory` does nothing.
 
+The mmap threshold (:func:`use_mmap_for_large_buffers`): glibc's dynamic threshold puts every buffer under 32 MiB
+(a layer's weight, an activation, a slice of the KV cache) into an arena, where freed memory stays mapped between
+trims, so each phase's transient peak stacks on what earlier phases left. The trainers fix the threshold at 1 MiB
+before building anything (``mallopt(M_MMAP_THRESHOLD)``, what the ``MALLOC_MMAP_THRESHOLD_`` environment variable
+does at start-up): a buffer of 1 MiB or more is then its own mapping, returned to the OS when freed. Measured with
+``bench/memory.py`` on the hour GSM8K config: the greedy validation's peak 4.0-4.4 -> 3.7 GB, the update's
+4.4-4.7 -> 4.1-4.2 GB. A user's own ``MALLOC_MMAP_THRESHOLD_`` is left as it is.
+
 Imports only the standard library.
 """
 
@@ -26,6 +34,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
+
+M_MMAP_THRESHOLD = -3  # glibc <malloc.h>
+MMAP_THRESHOLD_BYTES = 1 << 20
 
 
 @functools.cache
@@ -52,3 +64,26 @@ def release_free_memory() -> bool:
     """
     trim = _malloc_trim()
     return bool(trim(0)) if trim is not None else False
+
+
+def use_mmap_for_large_buffers(nbytes: int = MMAP_THRESHOLD_BYTES) -> bool:
+    """Serve every allocation of ``nbytes`` or more from its own mapping (glibc ``mallopt(M_MMAP_THRESHOLD,
+    nbytes)``), so freeing it returns it to the OS at once; this also turns off glibc's dynamic threshold (which
+    rises to 32 MiB after large frees). Call it once, before the model is built.
+
+    Args:
+      nbytes: the threshold in bytes, 1 MiB by default.
+
+    Returns:
+      True when the threshold was set; False when ``MALLOC_MMAP_THRESHOLD_`` is set in the environment (the user's
+      setting stands) or the C library has no ``mallopt`` (not glibc). Never raises.
+    """
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(M_MMAP_THRESHOLD, int(nbytes)))

@@ -101,3 +101,52 @@ def test_checkpoint_saves_leave_nothing_resident(tmp_path):
     assert got["bare"][-1] > 0.25 * size, (size / MB, mib)  # the fault is real here (else this test proves nothing)
     assert max(got["store"]) < 0.1 * size and max(got["store_sync"]) < 0.1 * size, (size / MB, mib)
     assert got["store_whole"] and got["store_sync_whole"]  # the saves themselves are complete and exact
+
+
+_MMAP_PROBE = """
+import ctypes, json, sys
+from jaxrl import host_memory
+
+class Mallinfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.mallinfo2.restype = Mallinfo2
+set_it = host_memory.use_mmap_for_large_buffers() if sys.argv[1] == "set" else None
+big = libc.malloc(16 << 20)  # freed: glibc's dynamic threshold then rises to 16 MiB
+libc.free(big)
+before = libc.mallinfo2().hblks
+p = libc.malloc(2 << 20)  # 2 MiB: its own mapping only under a fixed 1 MiB threshold
+after = libc.mallinfo2().hblks
+libc.free(p)
+print(json.dumps({"set": set_it, "mapped": after - before}))
+"""
+
+
+@pytest.mark.skipif(not GLIBC, reason="mallopt / mallinfo2 are glibc's")
+@pytest.mark.parametrize("mode", ["default", "set", "env"])
+def test_large_buffers_get_their_own_mapping_once_the_threshold_is_fixed(mode):
+    """glibc's dynamic threshold puts a 2 MiB buffer in an arena after a 16 MiB free; with the threshold fixed at
+    1 MiB it is its own mapping (returned to the OS on free). A user's MALLOC_MMAP_THRESHOLD_ is left alone."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    env.pop("MALLOC_MMAP_THRESHOLD_", None)
+    if mode == "env":
+        env["MALLOC_MMAP_THRESHOLD_"] = str(64 << 20)  # the user's: 2 MiB stays in the arena
+    out = subprocess.run([sys.executable, "-c", _MMAP_PROBE, "set" if mode != "default" else "no"], env=env,
+                         capture_output=True, text=True, timeout=120, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    if mode == "default":
+        assert result["mapped"] == 0
+    elif mode == "set":
+        assert result == {"set": True, "mapped": 1}
+    else:
+        assert result == {"set": False, "mapped": 0}

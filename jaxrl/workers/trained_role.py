@@ -16,6 +16,11 @@ new batch shape compiles only its gradient program (an optimizer step over the h
 :class:`TrainedRole` holds that scaffolding; a subclass supplies only its loss (:meth:`TrainedRole._micro_loss`),
 the per-row arrays the loss reads (:meth:`TrainedRole.minibatch_arrays`) and its forward pass.
 
+Without LoRA a role whose model trains through the rematerialised layer scan holds it in the scan layout (each
+decoder's layers stacked ``[L, ...]``, :mod:`jaxrl.models.scan_layout`): the gradient program then reads the stored
+weights instead of stacking a copy per call, and the gradient and the AdamW moments are stacked alike;
+:meth:`TrainedRole.merged_params` gives the per-layer tree back.
+
 With LoRA (:mod:`jaxrl.models.lora`) the model state is two trees: ``params``, what trains (the adapters, and for
 the critic its value head), and ``frozen``, the base weights. Every forward merges them (``nnx.merge_state``, no
 copy) and the gradient, the optimizer state and the checkpoint cover ``params`` only; ``frozen`` is never donated
@@ -70,8 +75,14 @@ class TrainedRole:
       frozen, frozen_shardings: the frozen state and (on a mesh) its shardings, or None.
       lora: the policy's :class:`~jaxrl.models.lora.LoraInfo` when it trains LoRA adapters
         (:class:`~jaxrl.workers.actor.ActorWorker`), else None.
-      base_graphdef: the graph :meth:`merged_params` merges into: ``graphdef`` itself unless a subclass trains LoRA
-        adapters on a policy (then the model without them).
+      graphdef: the graph the role's programs merge :attr:`params` into: in the scan layout the model with its
+        layers stacked (:func:`jaxrl.models.scan_layout.stack_layers`: full fine-tuning of a model whose training
+        forward is the rematerialised scan), else the ``graphdef`` given.
+      scan_layout: whether :attr:`params` (and so the gradient and the optimizer state) hold the layers stacked.
+      base_graphdef: the graph :meth:`merged_params` merges into: the per-layer ``graphdef`` given, or with LoRA
+        adapters on a policy the model without them.
+      param_shardings, base_param_shardings: on a mesh the params' shardings in their own layout and in the
+        per-layer one (:meth:`merged_params`, a reference's weights); None without a mesh.
       num_updates: optimizer updates applied so far (the schedule's count).
       rng: ``numpy.random.Generator`` of the mini-batch shuffling.
 
