@@ -300,14 +300,16 @@ def gguf_tokenizer(path: str | Path):
       FileNotFoundError: ``path`` does not exist.
       ModelFileError: transformers cannot build a tokenizer from the GGUF metadata.
     """
-    from transformers import AutoTokenizer
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {path}")
     folder = path.parent
     if (folder / "tokenizer.json").is_file():
-        return AutoTokenizer.from_pretrained(str(folder))
+        from jaxrl.models.tokenizer import hf_tokenizer
+
+        return hf_tokenizer(folder)
+    from transformers import AutoTokenizer
+
     try:
         return AutoTokenizer.from_pretrained(str(folder), gguf_file=path.name)
     except Exception as e:  # transformers' GGUF tokenizer conversion raises assorted types on bad metadata

@@ -136,3 +136,34 @@ def test_resolve_hub_id_offline(offline_hub, tmp_path, monkeypatch):
     (tmp_path / "Qwen" / "Qwen3-0.6B").mkdir(parents=True)
     assert resolve_model_path("Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B"
     assert os.path.isdir(resolve_model_path("Qwen/Qwen3-0.6B"))
+
+
+_NO_TORCH_PROBE = """
+import json, sys
+from jaxrl.models.tokenizer import load_tokenizer
+toks = {name: load_tokenizer(path) for name, path in json.loads(sys.argv[1]).items()}
+print(json.dumps({"torch": "torch" in sys.modules,
+                  "types": {n: type(t).__name__ for n, t in toks.items()},
+                  "ids": {n: t("Natalia sold 48 clips in April; #### 72")["input_ids"] for n, t in toks.items()}}))
+"""
+
+
+def test_folders_naming_their_class_load_the_autotokenizer_class_without_torch(shared):
+    """A tokenizer folder whose tokenizer_config.json names its class loads that class directly: the same class and
+    ids as AutoTokenizer, and torch (which AutoTokenizer's import pulls in, 0.19 GB resident) stays unimported."""
+    import json
+    import subprocess
+    import sys
+
+    from transformers import AutoTokenizer
+
+    paths = {"qwen3": str(shared / "tokenizers" / "qwen3"),
+             "smollm2_gguf": str(shared / "models" / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf")}
+    out = subprocess.run([sys.executable, "-c", _NO_TORCH_PROBE, json.dumps(paths)], capture_output=True, text=True,
+                         timeout=300, check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["torch"] is False
+    for name, folder in (("qwen3", paths["qwen3"]), ("smollm2_gguf", str(shared / "models" / "smollm2-135m-instruct"))):
+        auto = AutoTokenizer.from_pretrained(folder)
+        assert got["types"][name] == type(auto).__name__
+        assert got["ids"][name] == auto("Natalia sold 48 clips in April; #### 72")["input_ids"]
