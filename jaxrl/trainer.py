@@ -25,7 +25,7 @@ from jaxrl.batch import RLBatch
 from jaxrl.build import Components, build
 from jaxrl.compilation_cache import use_compilation_cache
 from jaxrl.experience import decode_responses, numeric_extras, sampling_params, score_responses
-from jaxrl.host_memory import release_free_memory, use_mmap_for_large_buffers
+from jaxrl.host_memory import release_free_memory, trim_after_compiles, use_mmap_for_large_buffers
 from jaxrl.loop import NonFiniteTrainingError, TrainingLoop, export_final_model, setup_run_logging
 from jaxrl.metrics import (batch_metrics, compile_clock, memory_metrics, plot_rewards, rollout_mismatch_metrics,
                            timed, validation_metrics)
@@ -393,6 +393,7 @@ def run_training(cfg) -> dict[str, float]:
     t0 = time.perf_counter()
     use_compilation_cache(cfg.trainer.jax_compilation_cache_dir)  # before the first compile
     use_mmap_for_large_buffers()  # before any buffer: freed large buffers go back to the OS (jaxrl.host_memory)
+    trim_after_compiles()  # a compile's freed memory back to the OS before its program runs
     distributed.initialize(cfg)
     if not distributed.is_primary():
         logging.getLogger("jaxrl").setLevel(logging.WARNING)  # one log: the primary's (warnings from everyone)

@@ -150,3 +150,24 @@ def test_large_buffers_get_their_own_mapping_once_the_threshold_is_fixed(mode):
         assert result == {"set": True, "mapped": 1}
     else:
         assert result == {"set": False, "mapped": 0}
+
+
+def test_free_memory_is_handed_back_after_every_compile(monkeypatch):
+    """trim_after_compiles: one listener (however often it is called) trims after each backend compile, before the
+    new program runs; a cached program compiles nothing and trims nothing."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    x7, x9 = (jax.device_put(np.arange(n, dtype=np.float32)) for n in (7, 9))  # placed, not computed: no compile
+    calls = []
+    monkeypatch.setattr(host_memory, "release_free_memory", lambda: calls.append(1) or True)
+    host_memory.trim_after_compiles()
+    host_memory.trim_after_compiles()
+    f = jax.jit(lambda x: jnp.sin(x) * 3.0 + 1.25)  # a program no other test compiles
+    f(x7).block_until_ready()
+    assert len(calls) == 1
+    f(x7).block_until_ready()
+    assert len(calls) == 1
+    f(x9).block_until_ready()  # a new shape: a new compile
+    assert len(calls) == 2

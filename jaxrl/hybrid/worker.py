@@ -88,7 +88,7 @@ class _Member:
         with the group's own coordinator) with :func:`group_config`; returns that config."""
         from jaxrl import distributed
         from jaxrl.compilation_cache import use_compilation_cache
-        from jaxrl.host_memory import use_mmap_for_large_buffers
+        from jaxrl.host_memory import trim_after_compiles, use_mmap_for_large_buffers
         from jaxrl.metrics import compile_clock
 
         g = group_config(cfg, group)
@@ -96,6 +96,7 @@ class _Member:
             g.trainer.distributed.coordinator_bind_address = self._bind
         use_compilation_cache(g.trainer.jax_compilation_cache_dir)  # before the member's first compile
         use_mmap_for_large_buffers()  # freed large buffers go back to the OS (jaxrl.host_memory)
+        trim_after_compiles()
         compile_clock.take()  # starts counting: the first step's report includes the build's and step 1's compiles
         distributed.initialize(g)
         return g
