@@ -10,8 +10,9 @@ buffers); the transient peaks of each phase are its peak RSS minus the RSS befor
 This machine's backend is the CPU, so device memory *is* host memory: what a GPU would hold in HBM shows up here
 as RSS, and "peak RSS" is the number ``perf/cpu_memory_used_gb`` reports at the end of each step.
 
-Each step ends as the trainer's does: the free memory goes back to the OS (:mod:`jaxrl.host_memory`) before the
-step's RSS is read. ``--save`` adds an asynchronous checkpoint save after every step (before the checkpoint store
+Each step runs as the trainer's does (:mod:`jaxrl.host_memory`): glibc's mmap threshold fixed at 1 MiB before the
+build, the free memory handed back to the OS after every XLA compile, before the update and at the step end (before
+the step's RSS is read). ``--save`` adds an asynchronous checkpoint save after every step (before the checkpoint store
 handed a finalized save's host copy back to the OS, each save left about the state's size resident).
 
 Run: ``python bench/memory.py`` (about 10 minutes on 2 cores; the data is prepared first if missing), or with
@@ -218,7 +219,8 @@ def main() -> None:
          + ("validation after every step, " if args.val else "validation off, ")
          + ("an asynchronous checkpoint save after every step (the store hands its host copy back to the OS once "
             "the save is finalized), " if args.save else "no checkpoint saves, ")
-         + "free memory handed back to the OS at each step end (jaxrl.host_memory, as the trainer does)",
+         + "as the trainer does (jaxrl.host_memory): glibc's mmap threshold fixed at 1 MiB, free memory handed back "
+           "to the OS after every compile, before the update and at each step end",
          f"rows per step: {cache_rows}; model: {model_cfg.model_type}, {model_cfg.num_hidden_layers} layers, "
          f"params {tree_gb(c.actor.params) * GB / 4 / 1e6:.1f} M (float32)",
          "RSS sampled every 10 ms; CPU backend, so device arrays are host memory"])

@@ -34,6 +34,7 @@ Pure functions over JSON-able dicts; only :func:`tree_signature` imports jax.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -149,6 +150,11 @@ def differences(saved: Mapping, now: Mapping, *, only_common: bool = False) -> l
             data_changed |= k.startswith("data.")
     if "arrays" in saved and "arrays" in now:
         out.extend(array_differences(saved["arrays"], now["arrays"], only_common=only_common))
+        if _per_layer_vs_stacked(saved["arrays"], now["arrays"]):
+            out.append("layout: the checkpoint holds the decoder layers one by one, as jaxrl saved them before it "
+                       "stored them stacked (2026-11-29, jaxrl.models.scan_layout), so it does not resume into this "
+                       "version; `python -m jaxrl.export <checkpoint> --output DIR` still reads it, and a new run can "
+                       "start from DIR")
     if data_changed:
         old_ctx, new_ctx = saved.get("context") or {}, now.get("context") or {}
         for k in sorted(set(old_ctx) | set(new_ctx)):
@@ -182,6 +188,18 @@ def array_differences(saved: Mapping[str, Mapping[str, str]], now: Mapping[str, 
         if parts:
             out.append(f"{item}: " + ", ".join(parts))
     return out
+
+
+_PER_LAYER = re.compile(r"(^|\.)layers\.\d+\.")
+_STACKED = re.compile(r"(^|\.)layers\.block\.")
+
+
+def _per_layer_vs_stacked(saved: Mapping[str, Mapping[str, str]], now: Mapping[str, Mapping[str, str]]) -> bool:
+    """Whether the checkpoint's arrays hold per-layer decoder weights where this run's are stacked."""
+    def has(arrays, pattern):
+        return any(pattern.search(p) for item in arrays.values() for p in item)
+
+    return has(saved, _PER_LAYER) and not has(saved, _STACKED) and has(now, _STACKED)
 
 
 def summary(diffs: list[str]) -> str:

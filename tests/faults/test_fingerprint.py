@@ -99,3 +99,28 @@ def test_tree_signature_is_the_same_for_live_and_abstract_trees():
     assert live == tree_signature(jax.eval_shape(lambda: arrays))
     assert live["actor.opt_state.0.count"] == "int32[]" and live["actor.opt_state.0.mu.layer.bias"] == "bfloat16[3]"
     assert live["actor.params.layer.kernel"] == "float32[4,3]"
+
+
+def test_a_per_layer_checkpoint_against_stacked_layers_says_why_and_what_to_do():
+    """Checkpoints saved before trained roles stored their layers stacked (jaxrl.models.scan_layout) hold per-layer
+    arrays: the refusal says so and names the export as the way forward; two stacked fingerprints agree."""
+    from jaxrl.models.scan_layout import stack_layers
+
+    cfg = ModelConfig.from_hf_config(HF)
+
+    def fp(scan: bool):
+        def build():
+            graphdef, params = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0), remat=True))
+            if scan:
+                params = stack_layers(graphdef, params)[1]
+            return {"actor": {"params": params, "opt_state": optax.adamw(1e-3).init(params)}}
+
+        model = {"hf_config": cfg.to_hf_config(), "path": "m", "param_dtype": "float32"}
+        return fingerprint(model=model, roles=["actor"], arrays=jax.eval_shape(build), data={}, context={})
+
+    diffs = differences(json.loads(json.dumps(fp(scan=False))), fp(scan=True))
+    assert "layers.0." in diffs[0] + diffs[1] and "layers.block." in diffs[0] + diffs[1]
+    assert diffs[-1].startswith("layout: the checkpoint holds the decoder layers one by one") and "jaxrl.export" in \
+        diffs[-1]
+    assert differences(json.loads(json.dumps(fp(scan=True))), fp(scan=True)) == []
+    assert not any(d.startswith("layout:") for d in differences(fp(scan=True), fp(scan=False)))
