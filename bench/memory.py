@@ -115,7 +115,7 @@ def main() -> None:
     from jaxrl.trainer import Trainer
 
     use_mmap_for_large_buffers()  # as run_training does, before anything is built
-    trim_after_compiles()
+    trim_after_compiles(jax.monitoring.register_event_duration_secs_listener)
 
     import_rss = rss.now()
     if "gsm8k" in args.config and not (ROOT / "outputs/data/gsm8k/train.parquet").exists():

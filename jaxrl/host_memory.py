@@ -32,7 +32,7 @@ the arenas while the new program runs; a ``jax.monitoring`` listener trims after
 program's first execution adds its temporaries on top (a new prompt width compiles a new gradient program in the
 middle of the update phase).
 
-Imports only the standard library (jax inside :func:`trim_after_compiles`).
+Imports only the standard library.
 """
 
 from __future__ import annotations
@@ -98,17 +98,21 @@ _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 _listening = False
 
 
-def trim_after_compiles() -> None:
-    """Register, once per process, a ``jax.monitoring`` listener that calls :func:`release_free_memory` after every
-    XLA backend compile (also a persistent-cache load); it adds that trim's time (about 0.1 s) to a compile only."""
+def trim_after_compiles(register_duration_listener) -> None:
+    """Register, once per process, a listener that calls :func:`release_free_memory` after every XLA backend compile
+    (also a persistent-cache load); it adds that trim's time (about 0.1 s) to a compile only.
+
+    Args:
+      register_duration_listener: ``jax.monitoring.register_event_duration_secs_listener`` (passed in: this module
+        imports only the standard library).
+    """
     global _listening
     if _listening:
         return
-    import jax
 
     def on_duration(event: str, duration: float, **_) -> None:
         if event == _BACKEND_COMPILE:
             release_free_memory()
 
-    jax.monitoring.register_event_duration_secs_listener(on_duration)
+    register_duration_listener(on_duration)
     _listening = True

@@ -393,7 +393,10 @@ def run_training(cfg) -> dict[str, float]:
     t0 = time.perf_counter()
     use_compilation_cache(cfg.trainer.jax_compilation_cache_dir)  # before the first compile
     use_mmap_for_large_buffers()  # before any buffer: freed large buffers go back to the OS (jaxrl.host_memory)
-    trim_after_compiles()  # a compile's freed memory back to the OS before its program runs
+    import jax
+
+    # a compile's freed memory back to the OS before its program runs
+    trim_after_compiles(jax.monitoring.register_event_duration_secs_listener)
     distributed.initialize(cfg)
     if not distributed.is_primary():
         logging.getLogger("jaxrl").setLevel(logging.WARNING)  # one log: the primary's (warnings from everyone)

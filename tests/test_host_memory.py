@@ -162,8 +162,8 @@ def test_free_memory_is_handed_back_after_every_compile(monkeypatch):
     x7, x9 = (jax.device_put(np.arange(n, dtype=np.float32)) for n in (7, 9))  # placed, not computed: no compile
     calls = []
     monkeypatch.setattr(host_memory, "release_free_memory", lambda: calls.append(1) or True)
-    host_memory.trim_after_compiles()
-    host_memory.trim_after_compiles()
+    host_memory.trim_after_compiles(jax.monitoring.register_event_duration_secs_listener)
+    host_memory.trim_after_compiles(jax.monitoring.register_event_duration_secs_listener)
     f = jax.jit(lambda x: jnp.sin(x) * 3.0 + 1.25)  # a program no other test compiles
     f(x7).block_until_ready()
     assert len(calls) == 1

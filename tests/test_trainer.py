@@ -225,7 +225,8 @@ def test_run_without_the_old_log_prob_pass(shared, tmp_path):
 
 def test_each_step_releases_free_host_memory_before_reading_its_memory_metrics(shared, tmp_path, monkeypatch):
     """perf/cpu_memory_used_gb is read after glibc gave the step's freed buffers (and a finished asynchronous save's
-    host copy) back to the OS (jaxrl.host_memory); without that every checkpoint save left its size resident."""
+    host copy) back to the OS (jaxrl.host_memory); without that every checkpoint save left its size resident. The
+    step also trims before its update (the rollout's freed buffers under the update's temporaries)."""
     import jaxrl.trainer as trainer_mod
 
     calls = []
@@ -233,7 +234,7 @@ def test_each_step_releases_free_host_memory_before_reading_its_memory_metrics(s
     real_metrics = trainer_mod.memory_metrics
     monkeypatch.setattr(trainer_mod, "memory_metrics", lambda: calls.append("metrics") or real_metrics())
     run_training(load_config("configs/quickstart.yaml", tiny_run_overrides(tmp_path, ["trainer.test_freq=-1"])))
-    assert calls == ["release", "metrics"] * 2
+    assert calls == ["release", "release", "metrics"] * 2  # before the update, at the step end, then the metrics
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all(0 < r["perf/cpu_memory_used_gb"] < 24 for r in records)
     # the first step makes the sampler's, the log-prob forward's and the update's programs: part of its step time

@@ -86,6 +86,8 @@ class _Member:
     def _join(self, cfg, group: str):
         """Join this group's world (one host: nothing to join, the CPU devices set; several: ``jax.distributed``
         with the group's own coordinator) with :func:`group_config`; returns that config."""
+        import jax
+
         from jaxrl import distributed
         from jaxrl.compilation_cache import use_compilation_cache
         from jaxrl.host_memory import trim_after_compiles, use_mmap_for_large_buffers
@@ -96,7 +98,7 @@ class _Member:
             g.trainer.distributed.coordinator_bind_address = self._bind
         use_compilation_cache(g.trainer.jax_compilation_cache_dir)  # before the member's first compile
         use_mmap_for_large_buffers()  # freed large buffers go back to the OS (jaxrl.host_memory)
-        trim_after_compiles()
+        trim_after_compiles(jax.monitoring.register_event_duration_secs_listener)
         compile_clock.take()  # starts counting: the first step's report includes the build's and step 1's compiles
         distributed.initialize(g)
         return g

@@ -152,7 +152,10 @@ def run_offline(cfg, kind: str) -> dict[str, float]:
     t0 = time.perf_counter()
     use_compilation_cache(cfg.trainer.jax_compilation_cache_dir)  # before the first compile
     use_mmap_for_large_buffers()  # before any buffer: freed large buffers go back to the OS (jaxrl.host_memory)
-    trim_after_compiles()  # a compile's freed memory back to the OS before its program runs
+    import jax
+
+    # a compile's freed memory back to the OS before its program runs
+    trim_after_compiles(jax.monitoring.register_event_duration_secs_listener)
     c = build_offline(cfg, kind)
     try:
         log.info("%s run: %d steps of %d %s, output in %s", kind, c.total_training_steps, cfg.data.train_batch_size,
