@@ -9,8 +9,9 @@ holds its model in the *scan layout* (MaxText's ``scan_layers``): each :class:`~
 ``layers`` become one :class:`~jaxrl.models.decoder.StackedBlocks` whose block holds ``[L, ...]`` parameters, so the
 scan reads the stored weights and the gradient and the AdamW moments have the same stacked tree.
 
-The per-layer layout stays what everything outside the update reads: :func:`unstack_layers` gives it back (the
-rollout engine's weights, the Hugging Face export), as one jitted copy.
+The per-layer layout stays what everything outside the update reads (the rollout engine's weights, the Hugging Face
+export): :func:`unstack_layers` gives it back (traceable) and :func:`unstacked_copy` on concrete arrays, copying the
+stacked layers only.
 
 State trees: per layer ``state["layers"][i][...]``; scan layout ``state["layers"]["block"][...]`` (leaves ``[L,
 ...]``, logical sharding names with a leading ``None``: the layer axis is never sharded).
