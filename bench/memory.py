@@ -111,11 +111,10 @@ def main() -> None:
 
     from jaxrl.build import build
     from jaxrl.config.loader import load_config
-    from jaxrl.host_memory import release_free_memory, trim_after_compiles, use_mmap_for_large_buffers
+    from jaxrl.host_memory import release_free_memory, set_up_host_memory
     from jaxrl.trainer import Trainer
 
-    use_mmap_for_large_buffers()  # as run_training does, before anything is built
-    trim_after_compiles(jax.monitoring.register_event_duration_secs_listener)
+    set_up_host_memory(jax.monitoring.register_event_duration_secs_listener)  # as run_training does, before the build
 
     import_rss = rss.now()
     if "gsm8k" in args.config and not (ROOT / "outputs/data/gsm8k/train.parquet").exists():

@@ -404,7 +404,7 @@ def _initial_rollout_params(actor, params, placement):
     per-layer ``params`` are then no longer referenced and freed), else ``params``."""
     if placement is not None:
         return actor.merged_params()
-    return actor.rollout_params() if getattr(actor, "scan_layout", False) else params
+    return actor.rollout_params() if actor.scan_layout else params
 
 
 def _build_critic(cfg, policy, total_training_steps, placement=None):

@@ -94,6 +94,14 @@ def use_mmap_for_large_buffers(nbytes: int = MMAP_THRESHOLD_BYTES) -> bool:
     return bool(mallopt(M_MMAP_THRESHOLD, int(nbytes)))
 
 
+def set_up_host_memory(register_duration_listener) -> None:
+    """What a trainer process does before it builds anything: :func:`use_mmap_for_large_buffers` and
+    :func:`trim_after_compiles` (``register_duration_listener``:
+    ``jax.monitoring.register_event_duration_secs_listener``)."""
+    use_mmap_for_large_buffers()
+    trim_after_compiles(register_duration_listener)
+
+
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 _listening = False
 

@@ -25,7 +25,7 @@ from jaxrl.batch import RLBatch
 from jaxrl.build import Components, build
 from jaxrl.compilation_cache import use_compilation_cache
 from jaxrl.experience import decode_responses, numeric_extras, sampling_params, score_responses
-from jaxrl.host_memory import release_free_memory, trim_after_compiles, use_mmap_for_large_buffers
+from jaxrl.host_memory import release_free_memory, set_up_host_memory
 from jaxrl.loop import NonFiniteTrainingError, TrainingLoop, export_final_model, setup_run_logging
 from jaxrl.metrics import (batch_metrics, compile_clock, memory_metrics, plot_rewards, rollout_mismatch_metrics,
                            timed, validation_metrics)
@@ -219,8 +219,7 @@ class Trainer(TrainingLoop):
         bytes moved between devices. With LoRA the engine gets the merged weights (``ActorWorker.merged_params``).
         With the async pipeline on the train devices (no mesh, or colocated) the engine gets a copy: it generates
         while the next update donates the actor's buffers. Any failure raises ``WeightSyncError``."""
-        params = self.c.actor.rollout_params() if hasattr(self.c.actor, "rollout_params") else \
-            self.c.actor.merged_params()
+        params = self.c.actor.rollout_params()
         if self.pipeline is not None and (self.c.placement is None or self.c.placement.kind == "colocated"):
             import jax
 
@@ -392,11 +391,10 @@ def run_training(cfg) -> dict[str, float]:
     setup_run_logging()
     t0 = time.perf_counter()
     use_compilation_cache(cfg.trainer.jax_compilation_cache_dir)  # before the first compile
-    use_mmap_for_large_buffers()  # before any buffer: freed large buffers go back to the OS (jaxrl.host_memory)
     import jax
 
-    # a compile's freed memory back to the OS before its program runs
-    trim_after_compiles(jax.monitoring.register_event_duration_secs_listener)
+    # before any buffer: freed large buffers and a compile's freed memory go back to the OS (jaxrl.host_memory)
+    set_up_host_memory(jax.monitoring.register_event_duration_secs_listener)
     distributed.initialize(cfg)
     if not distributed.is_primary():
         logging.getLogger("jaxrl").setLevel(logging.WARNING)  # one log: the primary's (warnings from everyone)

@@ -73,6 +73,8 @@ class RemoteActor(_RemoteRole):
         """The policy's current weights as a host copy in Ray's object store (:meth:`TrainWorker.weights`)."""
         return WeightCopy(**self.group.call("weights"))
 
+    rollout_params = merged_params  # what Trainer.sync_rollout hands the engine: a host copy either way
+
 
 class RemoteReference:
     """The frozen reference policy in the train group."""

@@ -90,15 +90,14 @@ class _Member:
 
         from jaxrl import distributed
         from jaxrl.compilation_cache import use_compilation_cache
-        from jaxrl.host_memory import trim_after_compiles, use_mmap_for_large_buffers
+        from jaxrl.host_memory import set_up_host_memory
         from jaxrl.metrics import compile_clock
 
         g = group_config(cfg, group)
         if getattr(self, "_bind", None):
             g.trainer.distributed.coordinator_bind_address = self._bind
         use_compilation_cache(g.trainer.jax_compilation_cache_dir)  # before the member's first compile
-        use_mmap_for_large_buffers()  # freed large buffers go back to the OS (jaxrl.host_memory)
-        trim_after_compiles(jax.monitoring.register_event_duration_secs_listener)
+        set_up_host_memory(jax.monitoring.register_event_duration_secs_listener)  # (jaxrl.host_memory)
         compile_clock.take()  # starts counting: the first step's report includes the build's and step 1's compiles
         distributed.initialize(g)
         return g

@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from jaxrl.compilation_cache import use_compilation_cache
-from jaxrl.host_memory import release_free_memory, trim_after_compiles, use_mmap_for_large_buffers
+from jaxrl.host_memory import release_free_memory, set_up_host_memory
 from jaxrl.loop import TrainingLoop, export_final_model, setup_run_logging
 from jaxrl.metrics import compile_clock, memory_metrics, timed
 from jaxrl.offline.build import OfflineComponents, build_offline
@@ -151,11 +151,10 @@ def run_offline(cfg, kind: str) -> dict[str, float]:
     setup_run_logging()
     t0 = time.perf_counter()
     use_compilation_cache(cfg.trainer.jax_compilation_cache_dir)  # before the first compile
-    use_mmap_for_large_buffers()  # before any buffer: freed large buffers go back to the OS (jaxrl.host_memory)
     import jax
 
-    # a compile's freed memory back to the OS before its program runs
-    trim_after_compiles(jax.monitoring.register_event_duration_secs_listener)
+    # before any buffer: freed large buffers and a compile's freed memory go back to the OS (jaxrl.host_memory)
+    set_up_host_memory(jax.monitoring.register_event_duration_secs_listener)
     c = build_offline(cfg, kind)
     try:
         log.info("%s run: %d steps of %d %s, output in %s", kind, c.total_training_steps, cfg.data.train_batch_size,

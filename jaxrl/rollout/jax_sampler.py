@@ -155,8 +155,7 @@ class JaxSampler:
         # without a mesh the weights may come in the trainer's scan layout (layers stacked, jaxrl.models.scan_layout,
         # the actor's own buffers): generate() unstacks them for its call only, so no per-layer copy outlives it
         self.takes_scan_layout = mesh is None
-        if is_scan_layout(params) and not self.takes_scan_layout:
-            raise WeightFormatError(f"{self.engine_name} takes per-layer weights; got the scan layout (stacked layers)")
+        self._check_layout(params)
         self._params = jax.tree.map(jnp.asarray, params)
         self._num_traces = 0
         self.last_decode_steps = 0  # decode-loop steps of the last generate() (max over chunks)
@@ -196,11 +195,16 @@ class JaxSampler:
           ValueError: names the missing/extra leaf paths, or the first leaves whose shape or dtype differ.
         """
         self.weight_format.check(params, self.engine_name)
-        if is_scan_layout(params) and not self.takes_scan_layout:
-            raise WeightFormatError(f"{self.engine_name} takes per-layer weights; got the scan layout (stacked layers)")
+        self._check_layout(params)
         check_same_params(_per_layer(self._params), _per_layer(params), "sampler")
         new = jax.tree.map(jnp.asarray, params)
         self._params = new
+
+    def _check_layout(self, params) -> None:
+        """Refuse the scan layout on a mesh (``WeightFormatError``): the translator hands this engine per-layer
+        weights there."""
+        if is_scan_layout(params) and not self.takes_scan_layout:
+            raise WeightFormatError(f"{self.engine_name} takes per-layer weights; got the scan layout (stacked layers)")
 
     # ------------------------------------------------------------------ jitted programs
     def _prefill(self, params, input_ids, prompt_mask, *, max_new_tokens: int):

@@ -142,12 +142,11 @@ class WeightSync:
           ValueError: the engine declares another format than ``fmt``; the errors of :func:`make_translator` and of
             ``make_engine``.
         """
-        per_layer = per_layer_params(params)
-        translator = make_translator(fmt, per_layer, model_cfg=model_cfg)
         # the scan layout (a trained role's stacked layers) only to an engine without a translator that takes it:
-        # then it holds the trainer's own arrays and no per-layer copy lives beside them
-        initial, report = (params if translator is None and engine_takes_scan_layout else per_layer), None
-        del per_layer
+        # then it holds the trainer's own arrays and no per-layer copy is made
+        takes_scan_layout = engine_takes_scan_layout and fmt.kind == "jax" and fmt.mesh is None
+        initial, report = (params if takes_scan_layout else per_layer_params(params)), None
+        translator = make_translator(fmt, initial, model_cfg=model_cfg)
         if fmt.kind == "jax" and translator is not None:
             initial, tr = translator.sync(initial)
             report = WeightSyncReport(tr.bytes_moved, tr.seconds, tr.num_tensors)

@@ -403,13 +403,6 @@ class ActorWorker(TrainedRole):
                                       out_shardings=self.frozen_shardings))
         return self._merge_fn(self.params, self.frozen)
 
-    def rollout_params(self):
-        """What the rollout engine is synced with: :meth:`model_state` as it is when the actor holds the scan layout
-        (no copy; :class:`~jaxrl.rollout.weight_sync.WeightSync` unstacks it for an engine that needs per-layer
-        arrays, and the JAX sampler does so per ``generate`` call, so no per-layer copy lives through the update),
-        else :meth:`merged_params`."""
-        return self.model_state() if self.scan_layout else self.merged_params()
-
     def _micro_loss(self, params, micro, num_tokens, num_seqs, prompt_width, ref_params=None):
         c = self.cfg
         mask = micro["response_mask"]

@@ -255,6 +255,13 @@ class TrainedRole:
                                        out_shardings=self.base_param_shardings)
         return self._unstack_fn(self.model_state())
 
+    def rollout_params(self):
+        """What the rollout engine is synced with: :meth:`model_state` as it is when the role holds the scan layout
+        (no copy; :class:`~jaxrl.rollout.weight_sync.WeightSync` unstacks it for an engine that needs per-layer
+        arrays, and the JAX sampler does so per ``generate`` call, so no per-layer copy lives through the update),
+        else :meth:`merged_params`."""
+        return self.model_state() if self.scan_layout else self.merged_params()
+
     # -- the update ------------------------------------------------------------------------------------------
 
     def accumulate_grads(self, params, minibatch, num_tokens, num_seqs, extra=None, frozen=None, *, prompt_width):
