@@ -10,8 +10,8 @@ exits cleanly), and summarises its ``metrics.jsonl``:
   (``val-aux/.../acc_flexible``), against the step and the minutes since the run started;
 * training in windows of 5 steps: the format rate of the sampled responses (``reward/format/mean``), the score,
   the response length and the share of responses cut at 128 tokens;
-* the median step time and the largest resident memory logged (``perf/cpu_memory_used_gb``, the RSS at the end
-  of each step).
+* the median step time, the process's peak resident memory (``perf/cpu_memory_peak_gb``, getrusage's high-water
+  mark, logged every step) and the largest step-end RSS (``perf/cpu_memory_used_gb``).
 
 Minutes are the sum of the run's own ``timing_s/step`` and ``timing_s/testing`` (validation), so process start
 and model load (about 15 s) are not in them.
@@ -111,7 +111,9 @@ def summarize(run_dir: Path) -> dict:
     return {
         "run_dir": str(run_dir), "val": val, "windows": windows, "steps": len(steps),
         "minutes": minutes[-1], "step_s_median": statistics.median(step_times),
-        "peak_rss_gb": max(r.get("perf/cpu_memory_used_gb", 0.0) for r in records),
+        "step_end_rss_gb": max(r.get("perf/cpu_memory_used_gb", 0.0) for r in records),
+        "peak_rss_gb": max((r["perf/cpu_memory_peak_gb"] for r in records if "perf/cpu_memory_peak_gb" in r),
+                           default=None),
         "train_format": [(r["step"], m, r["reward/format/mean"]) for r, m in steps],
     }
 
@@ -154,7 +156,9 @@ def markdown(summary: dict, command: str) -> list[str]:
         f"config: `{CONFIG}` (4 prompts x n=4, temperature 0.7, responses <= 128 tokens, lr 1e-5, verl's GSM8K "
         "reward with format_score 0.1, greedy validation on the first 64 test questions every 10 steps)",
         f"run: {summary['steps']} steps in {summary['minutes']:.1f} minutes of steps and validation; median step "
-        f"{summary['step_s_median']:.1f} s; largest RSS logged {summary['peak_rss_gb']:.2f} GB",
+        f"{summary['step_s_median']:.1f} s; peak RSS of the process "
+        + (f"{summary['peak_rss_gb']:.2f} GB" if summary["peak_rss_gb"] is not None else "not logged (older run)")
+        + f"; largest step-end RSS {summary['step_end_rss_gb']:.2f} GB",
         f"plot: `{PLOT.relative_to(ROOT)}`",
     ])
     lines += ["", "### Validation (greedy)", "", "| step | minutes | format rate | accuracy (strict) | "

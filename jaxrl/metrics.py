@@ -132,6 +132,13 @@ def batch_metrics(batch) -> dict[str, float]:
 _GIB = float(1024**3)
 
 
+def _peak_rss_bytes(ru_maxrss: int) -> int:
+    """``ru_maxrss`` in bytes: getrusage(2) gives KiB on Linux, bytes on macOS."""
+    import sys
+
+    return ru_maxrss if sys.platform == "darwin" else ru_maxrss * 1024
+
+
 def memory_metrics(devices=None) -> dict[str, float]:
     """verl's per-step memory metrics, in GiB (``fsdp_workers.py``: ``perf/max_memory_allocated_gb``,
     ``perf/max_memory_reserved_gb``, ``perf/cpu_memory_used_gb``).
@@ -142,6 +149,9 @@ def memory_metrics(devices=None) -> dict[str, float]:
       ``peak_bytes_reserved``, else ``bytes_limit``: XLA's GPU allocator preallocates its pool), the max over devices.
     * ``perf/cpu_memory_used_gb``: this process's resident set size (``psutil``; verl logs the machine's used
       memory, which on a shared host says little about the run).
+    * ``perf/cpu_memory_peak_gb``: this process's peak resident set size since it started (``getrusage``'s
+      ``ru_maxrss``; not a verl key). On the CPU backend the device arrays are host memory, so this is the run's
+      memory high-water mark, which a step-end RSS misses (a step's temporaries are freed before it is read).
 
     Both device keys are omitted where the backend keeps no memory statistics (``Device.memory_stats()`` is None:
     the CPU backend), rather than logged as a misleading 0.
@@ -149,10 +159,13 @@ def memory_metrics(devices=None) -> dict[str, float]:
     Args:
       devices: the devices to read (default ``jax.local_devices()``).
     """
+    import resource
+
     import jax
     import psutil
 
-    out = {"perf/cpu_memory_used_gb": psutil.Process().memory_info().rss / _GIB}
+    out = {"perf/cpu_memory_used_gb": psutil.Process().memory_info().rss / _GIB,
+           "perf/cpu_memory_peak_gb": _peak_rss_bytes(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / _GIB}
     allocated, reserved = [], []
     for d in jax.local_devices() if devices is None else devices:
         try:

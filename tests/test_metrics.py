@@ -104,10 +104,15 @@ def test_memory_metrics_report_process_rss_and_device_peaks():
     size = 128 * 1024**2
     fresh = mmap.mmap(-1, size)  # new anonymous pages (a malloc could reuse freed pages that are still resident)
     fresh.write(b"\1" * size)  # touched: 128 MiB more resident memory
-    assert memory_metrics()["perf/cpu_memory_used_gb"] > m["perf/cpu_memory_used_gb"] + 0.1
+    during = memory_metrics()
+    assert during["perf/cpu_memory_used_gb"] > m["perf/cpu_memory_used_gb"] + 0.1
     fresh.close()
+    after = memory_metrics()
+    # the peak keeps the 128 MiB after they are freed; the RSS drops back
+    assert after["perf/cpu_memory_peak_gb"] >= during["perf/cpu_memory_used_gb"] - 0.01
+    assert after["perf/cpu_memory_peak_gb"] > after["perf/cpu_memory_used_gb"] + 0.1
     if all(d.memory_stats() is None for d in jax.local_devices()):  # the CPU backend keeps no statistics
-        assert set(m) == {"perf/cpu_memory_used_gb"}
+        assert set(m) == {"perf/cpu_memory_used_gb", "perf/cpu_memory_peak_gb"}
 
     class FakeDevice:  # stands for a GPU's allocator statistics (XLA's key names)
         def __init__(self, stats):
