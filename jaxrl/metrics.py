@@ -132,11 +132,22 @@ def batch_metrics(batch) -> dict[str, float]:
 _GIB = float(1024**3)
 
 
-def _peak_rss_bytes(ru_maxrss: int) -> int:
-    """``ru_maxrss`` in bytes: getrusage(2) gives KiB on Linux, bytes on macOS."""
+def _peak_rss_bytes() -> int:
+    """This process's peak resident set size in bytes: ``VmHWM`` of ``/proc/self/status`` on Linux (the high-water
+    mark of this process image; ``getrusage``'s ``ru_maxrss`` would also carry the RSS of the process it was forked
+    from, which survives ``execve``), else ``ru_maxrss`` (KiB on Linux, bytes on macOS)."""
+    import resource
     import sys
 
-    return ru_maxrss if sys.platform == "darwin" else ru_maxrss * 1024
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # "VmHWM:   123456 kB"
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def memory_metrics(devices=None) -> dict[str, float]:
@@ -149,9 +160,9 @@ def memory_metrics(devices=None) -> dict[str, float]:
       ``peak_bytes_reserved``, else ``bytes_limit``: XLA's GPU allocator preallocates its pool), the max over devices.
     * ``perf/cpu_memory_used_gb``: this process's resident set size (``psutil``; verl logs the machine's used
       memory, which on a shared host says little about the run).
-    * ``perf/cpu_memory_peak_gb``: this process's peak resident set size since it started (``getrusage``'s
-      ``ru_maxrss``; not a verl key). On the CPU backend the device arrays are host memory, so this is the run's
-      memory high-water mark, which a step-end RSS misses (a step's temporaries are freed before it is read).
+    * ``perf/cpu_memory_peak_gb``: this process's peak resident set size since it started (``VmHWM``, else
+      ``getrusage``'s ``ru_maxrss``; not a verl key). On the CPU backend the device arrays are host memory, so this
+      is the run's memory high-water mark, which a step-end RSS misses (a step frees its temporaries before then).
 
     Both device keys are omitted where the backend keeps no memory statistics (``Device.memory_stats()`` is None:
     the CPU backend), rather than logged as a misleading 0.
@@ -159,13 +170,11 @@ def memory_metrics(devices=None) -> dict[str, float]:
     Args:
       devices: the devices to read (default ``jax.local_devices()``).
     """
-    import resource
-
     import jax
     import psutil
 
     out = {"perf/cpu_memory_used_gb": psutil.Process().memory_info().rss / _GIB,
-           "perf/cpu_memory_peak_gb": _peak_rss_bytes(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / _GIB}
+           "perf/cpu_memory_peak_gb": _peak_rss_bytes() / _GIB}
     allocated, reserved = [], []
     for d in jax.local_devices() if devices is None else devices:
         try:

@@ -129,6 +129,40 @@ def test_memory_metrics_report_process_rss_and_device_peaks():
     assert m["perf/max_memory_reserved_gb"] == 70.0  # the max over devices (the second reports only its limit)
 
 
+_FORKING_PARENT = """
+import os, sys
+import psutil
+ballast = bytearray(512 * 1024**2)  # 512 MiB, zero-filled so resident, in this (the parent) process
+parent_rss = psutil.Process().memory_info().rss / 1024**3
+code = "from jaxrl.metrics import memory_metrics; print(memory_metrics()['perf/cpu_memory_peak_gb'])"
+read_end, write_end = os.pipe()
+pid = os.fork()  # fork + exec by hand (subprocess may use vfork, which copies no page tables)
+if pid == 0:
+    try:
+        os.dup2(write_end, 1)
+        os.execv(sys.executable, [sys.executable, "-c", code])
+    finally:
+        os._exit(127)
+os.close(write_end)
+_, status = os.waitpid(pid, 0)
+print(parent_rss, os.fdopen(read_end).read().strip(), os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_the_peak_is_this_process_images_not_the_forking_parents():
+    """A trainer started by fork + exec from a large process (a launcher, a notebook) reports its own peak:
+    getrusage's ru_maxrss keeps the parent's RSS across execve, VmHWM does not. (The parent is a fresh
+    interpreter without jax, which must not fork.)"""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _FORKING_PARENT], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    parent_rss, child_peak, child_rc = out.stdout.split()
+    assert int(child_rc) == 0 and float(parent_rss) > 0.5
+    assert float(child_peak) < float(parent_rss) - 0.3, out.stdout  # ru_maxrss would give >= parent_rss
+
+
 def test_rollout_correction_metrics_summarise_the_importance_ratio_over_valid_tokens():
     from jaxrl.batch import RLBatch
     from jaxrl.metrics import rollout_mismatch_metrics
