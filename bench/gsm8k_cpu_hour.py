@@ -10,7 +10,7 @@ exits cleanly), and summarises its ``metrics.jsonl``:
   (``val-aux/.../acc_flexible``), against the step and the minutes since the run started;
 * training in windows of 5 steps: the format rate of the sampled responses (``reward/format/mean``), the score,
   the response length and the share of responses cut at 128 tokens;
-* the median step time, the process's peak resident memory (``perf/cpu_memory_peak_gb``, getrusage's high-water
+* the median step time, the process's peak resident memory (``perf/cpu_memory_peak_gb``, VmHWM, the high-water
   mark, logged every step) and the largest step-end RSS (``perf/cpu_memory_used_gb``).
 
 Minutes are the sum of the run's own ``timing_s/step`` and ``timing_s/testing`` (validation), so process start

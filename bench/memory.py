@@ -8,7 +8,7 @@ thread), the RSS after it and the bytes of live JAX arrays. The resident arrays 
 buffers); the transient peaks of each phase are its peak RSS minus the RSS before it.
 
 This machine's backend is the CPU, so device memory *is* host memory: what a GPU would hold in HBM shows up here
-as RSS, and "peak RSS" is the number ``perf/cpu_memory_used_gb`` reports at the end of each step.
+as RSS, and "peak RSS" is what a run's ``perf/cpu_memory_peak_gb`` (VmHWM) reports, not the step-end RSS.
 
 Each step runs as the trainer's does (:mod:`jaxrl.host_memory`): glibc's mmap threshold fixed at 1 MiB before the
 build, the free memory handed back to the OS after every XLA compile, before the update and at the step end (before
