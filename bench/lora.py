@@ -9,9 +9,9 @@ the real SmolLM2-135M-Instruct (shared GGUF dequantized to float32, ``bench/mode
 * **update**: ``ActorWorker.update`` on ``B`` rows x (``P`` prompt + ``R`` response) tokens (the workload's
   prompts, random responses, ``bench/_jaxrl_bench.py:synthetic_batch``), micro-batches of ``micro`` rows, one AdamW
   step; one un-timed update (compile), then the median (min-max) of ``--repeats`` timed updates.
-* **peak RSS**: ``ru_maxrss`` of the process after the updates (CPU: device memory is host memory, so this holds
-  the base weights, the reference copy (full only), gradients, AdamW moments, activations and XLA's buffers), and
-  the RSS right after the model load for comparison.
+* **peak RSS**: the process's high-water mark after the updates (``jaxrl.metrics.peak_rss_bytes``, VmHWM; CPU:
+  device memory is host memory, so this holds the base weights, the reference copy (full only), gradients, AdamW
+  moments, activations and XLA's buffers), and the RSS right after the model load for comparison.
 * **trained / optimizer / checkpoint bytes**: the trained arrays, the optimizer state, and what a checkpoint saves
   (``role.state()`` arrays: params + optimizer state).
 * **sync bytes**: what a weight sync to the rollout engine carries: merged weights (the whole base tree, what the
@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -116,6 +115,7 @@ def child(mode: str, rows: int, p: int, r: int, micro: int, repeats: int, model:
     from bench._jaxrl_bench import synthetic_batch
     from jaxrl.build import _build_actor_and_reference
     from jaxrl.config import load_config
+    from jaxrl.metrics import peak_rss_bytes
     from jaxrl.models.lora import adapter_bytes
 
     model_dir, pre = _load(model)
@@ -158,7 +158,7 @@ def child(mode: str, rows: int, p: int, r: int, micro: int, repeats: int, model:
         jax.block_until_ready(actor.merged_params())
         merge_s = time.perf_counter() - t0
     arrays, _ = actor.state()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3  # KB on Linux -> MB
+    peak = peak_rss_bytes() / 1024 / 1e3  # KiB / 1e3, the unit this section has always used
     return {
         "model": model, "device": str(jax.devices()[0].device_kind), "device_peak_mb": _device_peak_mb(),
         "mode": mode, "rank": rank, "rows": rows, "prompt_width": p, "response_len": r, "micro_rows": micro,

@@ -132,7 +132,7 @@ def batch_metrics(batch) -> dict[str, float]:
 _GIB = float(1024**3)
 
 
-def _peak_rss_bytes() -> int:
+def peak_rss_bytes() -> int:
     """This process's peak resident set size in bytes: ``VmHWM`` of ``/proc/self/status`` on Linux (the high-water
     mark of this process image; ``getrusage``'s ``ru_maxrss`` would also carry the RSS of the process it was forked
     from, which survives ``execve``), else ``ru_maxrss`` (KiB on Linux, bytes on macOS)."""
@@ -174,7 +174,7 @@ def memory_metrics(devices=None) -> dict[str, float]:
     import psutil
 
     out = {"perf/cpu_memory_used_gb": psutil.Process().memory_info().rss / _GIB,
-           "perf/cpu_memory_peak_gb": _peak_rss_bytes() / _GIB}
+           "perf/cpu_memory_peak_gb": peak_rss_bytes() / _GIB}
     allocated, reserved = [], []
     for d in jax.local_devices() if devices is None else devices:
         try:
