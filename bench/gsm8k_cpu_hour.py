@@ -114,8 +114,20 @@ def summarize(run_dir: Path) -> dict:
         "step_end_rss_gb": max(r.get("perf/cpu_memory_used_gb", 0.0) for r in records),
         "peak_rss_gb": max((r["perf/cpu_memory_peak_gb"] for r in records if "perf/cpu_memory_peak_gb" in r),
                            default=None),
+        "phase_peaks": _phase_peaks(records),
         "train_format": [(r["step"], m, r["reward/format/mean"]) for r, m in steps],
     }
+
+
+def _phase_peaks(records: list[dict]) -> dict[str, tuple[float, int]]:
+    """Each phase's largest ``perf/cpu_memory_peak_gb/<phase>`` over the run and the row (step) that logged it,
+    largest first (empty for runs from before those keys)."""
+    prefix, out = "perf/cpu_memory_peak_gb/", {}
+    for r in records:
+        for key, value in r.items():
+            if key.startswith(prefix) and value > out.get(key[len(prefix):], (-1.0, 0))[0]:
+                out[key[len(prefix):]] = (value, r["step"])
+    return dict(sorted(out.items(), key=lambda kv: -kv[1][0]))
 
 
 def plot(summary: dict, out_png: Path) -> Path:
@@ -159,6 +171,9 @@ def markdown(summary: dict, command: str) -> list[str]:
         f"{summary['step_s_median']:.1f} s; peak RSS of the process "
         + (f"{summary['peak_rss_gb']:.2f} GB" if summary["peak_rss_gb"] is not None else "not logged (older run)")
         + f"; largest step-end RSS {summary['step_end_rss_gb']:.2f} GB",
+        "largest peak RSS per phase (`perf/cpu_memory_peak_gb/<phase>`, GB, at step): "
+        + (", ".join(f"{k} {v:.2f} ({step})" for k, (v, step) in summary.get("phase_peaks", {}).items())
+           or "not logged (older run)"),
         f"plot: `{PLOT.relative_to(ROOT)}`",
     ])
     lines += ["", "### Validation (greedy)", "", "| step | minutes | format rate | accuracy (strict) | "

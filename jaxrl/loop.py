@@ -19,7 +19,7 @@ import signal
 import threading
 
 from jaxrl import distributed
-from jaxrl.metrics import timed
+from jaxrl.metrics import phase_peaks, timed
 from jaxrl.run_checkpoint import check_final_checkpoint, latest_checkpoint_text
 
 log = logging.getLogger("jaxrl")
@@ -104,7 +104,7 @@ class TrainingLoop:
             t: dict[str, float] = {}
             with timed("testing", t):
                 val = self.validate()
-            c.logger.log(0, {**val, "timing_s/testing": t["testing"]})
+            c.logger.log(0, {**val, "timing_s/testing": t["testing"], **self._phase_peaks()})
         last: dict[str, float] = {}
         bar = tqdm(total=total, initial=self.step, desc="jaxrl", unit="step", dynamic_ncols=True,
                    disable=not distributed.is_primary())  # one console
@@ -119,7 +119,8 @@ class TrainingLoop:
                     last = self._step_validate_log()
                     self._check_finite(last)
                     if self._save_due():
-                        self.save_checkpoint()
+                        with phase_peaks.phase("save_checkpoint"):  # its peak: in the next step's row
+                            self.save_checkpoint()
                     if self.progress_key in last:
                         bar.set_postfix({self.progress_label or self.progress_key: f"{last[self.progress_key]:.3f}"})
                     bar.update(1)
@@ -148,9 +149,16 @@ class TrainingLoop:
             with timed("testing", t):
                 metrics.update(self.validate())
             metrics["timing_s/testing"] = t["testing"]
+            metrics.update(self._phase_peaks())
         c.logger.log(self.step, metrics)
         self.after_log(metrics)
         return metrics
+
+    def _phase_peaks(self) -> dict[str, float]:
+        """The validation's ``perf/cpu_memory_peak_gb/testing`` (:data:`jaxrl.metrics.phase_peaks`), in this row;
+        none in a hybrid run, whose driver's memory is not the run's (``Components.memory_metrics``)."""
+        peaks = phase_peaks.take()
+        return peaks if getattr(self.c, "memory_metrics", None) is None else {}
 
     def _check_finite(self, metrics: dict) -> None:
         """Count consecutive steps whose update was skipped for a non-finite loss/gradient; abort past the limit."""

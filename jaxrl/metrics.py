@@ -22,12 +22,100 @@ VALID_LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 
 @contextmanager
 def timed(name: str, timings: dict[str, float]):
-    """Add the wall time (seconds) of the ``with`` body to ``timings[name]``."""
+    """Add the wall time (seconds) of the ``with`` body to ``timings[name]``; the body's peak resident memory goes
+    to :data:`phase_peaks` under the same name."""
     t0 = time.perf_counter()
+    with phase_peaks.phase(name):
+        try:
+            yield
+        finally:
+            timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
+
+
+def _vmhwm_bytes() -> int | None:
+    """``VmHWM`` of ``/proc/self/status`` in bytes (this process image's resident high-water mark), None without it."""
     try:
-        yield
-    finally:
-        timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # "VmHWM:   123456 kB"
+    except OSError:
+        pass
+    return None
+
+
+class PhasePeaks:
+    """The process's peak resident memory while each timed phase ran (``gen``, ``update_actor``, ``testing``, the
+    whole ``step`` ...), from Linux's ``VmHWM``, which writing ``5`` to ``/proc/self/clear_refs`` resets to the
+    current RSS (proc(5)).
+
+    At every phase start the high-water mark so far is read into every phase now running (any thread: the memory is
+    the process's) and into the process's peak, then reset; at a phase end it is read again into the running
+    phases. A phase's peak is therefore the largest RSS between its start and end, nested phases included, whatever
+    ran concurrently. :func:`peak_rss_bytes` keeps the whole-process peak across the resets.
+
+    Where ``clear_refs`` cannot be written (not Linux, a restricted kernel) nothing is reset and :meth:`take`
+    returns nothing, so no per-phase value is ever the process's peak mislabelled.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._running: list[list] = []  # [name, peak bytes] of the phases now running
+        self._done: dict[str, int] = {}
+        self._process_peak = 0
+        self._resettable: bool | None = None  # unknown until the first reset
+
+    def _fold(self) -> None:
+        high = _vmhwm_bytes()
+        if high is None:
+            return
+        self._process_peak = max(self._process_peak, high)
+        for frame in self._running:
+            frame[1] = max(frame[1], high)
+
+    def _reset(self) -> None:
+        if self._resettable is False:
+            return
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self._resettable = True
+        except OSError:
+            self._resettable = False
+
+    @contextmanager
+    def phase(self, name: str):
+        """Track the peak RSS of the ``with`` body as phase ``name`` (a repeated name keeps the largest)."""
+        frame = [name, 0]
+        with self._lock:
+            self._fold()
+            if _vmhwm_bytes() is not None:
+                self._reset()
+            self._running.append(frame)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._fold()
+                self._running.remove(frame)
+                if self._resettable:
+                    self._done[name] = max(self._done.get(name, 0), frame[1])
+
+    def process_peak(self) -> int:
+        """The largest ``VmHWM`` read before any reset, in bytes (0 before the first phase)."""
+        with self._lock:
+            self._fold()
+            return self._process_peak
+
+    def take(self) -> dict[str, float]:
+        """``perf/cpu_memory_peak_gb/<phase>`` (GiB) of the phases that ended since the last call, then forgets
+        them; a phase that ran between two metric rows (a checkpoint save after step s) lands in row s + 1."""
+        with self._lock:
+            done, self._done = self._done, {}
+        return {f"perf/cpu_memory_peak_gb/{name}": peak / _GIB for name, peak in done.items()}
+
+
+phase_peaks = PhasePeaks()  # the process's one tracker: every timed() phase reports to it
 
 
 class CompileClock:
@@ -137,15 +225,10 @@ def peak_rss_bytes() -> int:
     mark of this process image; ``getrusage``'s ``ru_maxrss`` would also carry the RSS of the process it was forked
     from, which survives ``execve``), else ``ru_maxrss`` (KiB on Linux, bytes on macOS)."""
     import resource
-    import sys
 
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024  # "VmHWM:   123456 kB"
-    except OSError:
-        pass
+    high = _vmhwm_bytes()
+    if high is not None:
+        return max(high, phase_peaks.process_peak())  # phase_peaks resets VmHWM at phase starts
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
 

@@ -27,8 +27,8 @@ from jaxrl.compilation_cache import use_compilation_cache
 from jaxrl.experience import decode_responses, numeric_extras, sampling_params, score_responses
 from jaxrl.host_memory import release_free_memory, set_up_host_memory
 from jaxrl.loop import NonFiniteTrainingError, TrainingLoop, export_final_model, setup_run_logging
-from jaxrl.metrics import (batch_metrics, compile_clock, memory_metrics, plot_rewards, rollout_mismatch_metrics,
-                           timed, validation_metrics)
+from jaxrl.metrics import (batch_metrics, compile_clock, memory_metrics, phase_peaks, plot_rewards,
+                           rollout_mismatch_metrics, timed, validation_metrics)
 from jaxrl.run_checkpoint import RunCheckpoints
 
 log = logging.getLogger("jaxrl")
@@ -129,7 +129,11 @@ class Trainer(TrainingLoop):
         metrics.update(compile_clock.take())  # how much of timing_s/step was making XLA programs
         release_free_memory()  # the step's freed buffers (and a finished async save's host copy) back to the OS
         # hybrid: the groups' members report their memory and compiles (the driver's replace this process's)
-        metrics.update(c.memory_metrics() if c.memory_metrics is not None else memory_metrics())
+        if c.memory_metrics is not None:
+            metrics.update(c.memory_metrics())
+            phase_peaks.take()  # (the driver's own phases: not the run's memory)
+        else:  # the step-end RSS, the process's peak, and each phase's peak
+            metrics.update({**memory_metrics(), **phase_peaks.take()})
         metrics["training/epoch"] = epoch
         return metrics
 

@@ -129,6 +129,40 @@ def test_memory_metrics_report_process_rss_and_device_peaks():
     assert m["perf/max_memory_reserved_gb"] == 70.0  # the max over devices (the second reports only its limit)
 
 
+def test_each_phase_reports_its_own_peak_and_the_process_peak_survives_the_resets():
+    """jaxrl.metrics.phase_peaks: VmHWM is reset at every phase start, read into every running phase at every
+    boundary, and kept as the process's peak."""
+    import mmap
+
+    from jaxrl.metrics import peak_rss_bytes, phase_peaks, timed
+
+    gib, t = 1024**3, {}
+    phase_peaks.take()
+    with timed("outer", t):
+        with timed("big", t):
+            fresh = mmap.mmap(-1, 256 * 1024**2)
+            fresh.write(b"\1" * (256 * 1024**2))  # 256 MiB resident, freed before the phase ends
+            during = psutil_rss()
+            fresh.close()
+        with timed("small", t):
+            small = bytearray(16 * 1024**2)
+    after = psutil_rss()
+    peaks = {k.rsplit("/", 1)[1]: v * gib for k, v in phase_peaks.take().items()}
+    assert set(peaks) == {"outer", "big", "small"} and set(t) == {"outer", "big", "small"}
+    assert peaks["big"] >= during - 4 * 1024**2
+    assert peaks["small"] < peaks["big"] - 200 * 1024**2  # reset at its start: not the 256 MiB before it
+    assert peaks["small"] >= after - 4 * 1024**2 and len(small) == 16 * 1024**2
+    assert peaks["outer"] >= peaks["big"]  # the inner phase's high-water mark reached the phase around it
+    assert peak_rss_bytes() >= peaks["big"]  # the process's peak outlives the resets
+    assert phase_peaks.take() == {}  # taken once
+
+
+def psutil_rss() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
 _FORKING_PARENT = """
 import os, sys
 import psutil

@@ -73,12 +73,22 @@ def tiny_run_overrides(tmp_path, extra=()):
 
 
 def test_short_quickstart_run_writes_verl_metrics_plot_and_model(shared, tmp_path):
-    cfg = load_config("configs/quickstart.yaml", tiny_run_overrides(tmp_path))
+    cfg = load_config("configs/quickstart.yaml", tiny_run_overrides(tmp_path, ["trainer.save_freq=1"]))
     run_training(cfg)
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     for key in REQUIRED_KEYS:
         assert key in records[-1], key
+    # each phase's peak RSS (jaxrl.metrics.phase_peaks), within the step's and the process's; the save after step 1
+    # is in row 2
+    peak = "perf/cpu_memory_peak_gb"
+    for r in records:
+        phases = {k[len(peak) + 1:]: v for k, v in r.items() if k.startswith(peak + "/")}
+        assert {"gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "sync", "step", "testing"} \
+            <= set(phases), sorted(phases)
+        assert all(0.05 < v <= r[peak] + 1e-6 for v in phases.values()), (phases, r[peak])
+        assert all(phases[k] <= phases["step"] + 1e-6 for k in ("gen", "update_actor", "sync")), phases
+    assert f"{peak}/save_checkpoint" in records[1] and f"{peak}/save_checkpoint" not in records[0]
     assert "val-core/tinystories/sentiment/reward/mean@1" in records[-1]
     assert records[-1]["response_length/mean"] <= 12
     # The sampler's log-probs and the trainer's recompute agree (same weights, fp32).

@@ -25,7 +25,7 @@ import numpy as np
 from jaxrl.compilation_cache import use_compilation_cache
 from jaxrl.host_memory import release_free_memory, set_up_host_memory
 from jaxrl.loop import TrainingLoop, export_final_model, setup_run_logging
-from jaxrl.metrics import compile_clock, memory_metrics, timed
+from jaxrl.metrics import compile_clock, memory_metrics, phase_peaks, timed
 from jaxrl.offline.build import OfflineComponents, build_offline
 from jaxrl.run_checkpoint import RunCheckpoints
 
@@ -89,7 +89,7 @@ class OfflineTrainer(TrainingLoop):
         metrics["perf/throughput"] = n_tokens / max(t["step"], 1e-9)
         metrics.update(compile_clock.take())
         release_free_memory()  # the step's freed buffers (and a finished async save's host copy) back to the OS
-        metrics.update(memory_metrics())
+        metrics.update({**memory_metrics(), **phase_peaks.take()})
         metrics["training/epoch"] = c.train_data.epoch
         return metrics
 

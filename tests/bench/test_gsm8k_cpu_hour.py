@@ -16,7 +16,8 @@ def _run_dir(tmp_path, steps=7):
     for s in range(1, steps + 1):
         r = {"step": s, "timing_s/step": 30.0 if s > 1 else 90.0, "reward/format/mean": s / 10,
              "critic/score/mean": s / 100, "response_length/mean": 128 - s, "response_length/clip_ratio": 1 - s / 10,
-             "perf/cpu_memory_used_gb": 3.0 + s / 10, "perf/cpu_memory_peak_gb": 4.5 - (s == 1)}
+             "perf/cpu_memory_used_gb": 3.0 + s / 10, "perf/cpu_memory_peak_gb": 4.5 - (s == 1),
+             "perf/cpu_memory_peak_gb/update_actor": 3.5 + (s == 3), "perf/cpu_memory_peak_gb/gen": 2.0 + s / 100}
         if s == 5:  # a validation after step 5
             r.update({"timing_s/testing": 60.0, H.VAL["format"]: 0.3, H.VAL["acc"]: 0.01, H.VAL["acc_flexible"]: 0.04})
         recs.append(r)
@@ -41,6 +42,8 @@ def test_summary_has_the_validation_points_windows_and_peaks(tmp_path):
     assert s["peak_rss_gb"] == pytest.approx(4.5)  # the high-water mark, not the step-end RSS
     lines = H.markdown(s, "python bench/gsm8k_cpu_hour.py")
     assert any("peak RSS of the process 4.50 GB; largest step-end RSS 3.70 GB" in line for line in lines)
+    assert s["phase_peaks"] == {"update_actor": (4.5, 3), "gen": (pytest.approx(2.07), 7)}
+    assert any(line.endswith("at step): update_actor 4.50 (3), gen 2.07 (7)") for line in lines)
     assert "| 5 | 5.5 | 0.300 | 0.010 | 0.040 |" in lines
     png = H.plot(s, tmp_path / "p.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
