@@ -19,7 +19,7 @@ import signal
 import threading
 
 from jaxrl import distributed
-from jaxrl.metrics import phase_peaks, timed
+from jaxrl.metrics import peak_rss_bytes, phase_peaks, timed
 from jaxrl.run_checkpoint import check_final_checkpoint, latest_checkpoint_text
 
 log = logging.getLogger("jaxrl")
@@ -155,10 +155,13 @@ class TrainingLoop:
         return metrics
 
     def _phase_peaks(self) -> dict[str, float]:
-        """The validation's ``perf/cpu_memory_peak_gb/testing`` (:data:`jaxrl.metrics.phase_peaks`), in this row;
-        none in a hybrid run, whose driver's memory is not the run's (``Components.memory_metrics``)."""
+        """The validation's ``perf/cpu_memory_peak_gb/testing`` (:data:`jaxrl.metrics.phase_peaks`) and the
+        process's peak ``perf/cpu_memory_peak_gb`` read again after it, for this row; none in a hybrid run, whose
+        driver's memory is not the run's (``Components.memory_metrics``)."""
         peaks = phase_peaks.take()
-        return peaks if getattr(self.c, "memory_metrics", None) is None else {}
+        if getattr(self.c, "memory_metrics", None) is not None:
+            return {}
+        return {**peaks, "perf/cpu_memory_peak_gb": peak_rss_bytes() / 1024**3}
 
     def _check_finite(self, metrics: dict) -> None:
         """Count consecutive steps whose update was skipped for a non-finite loss/gradient; abort past the limit."""

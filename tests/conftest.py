@@ -43,13 +43,40 @@ def shared():
     return d
 
 
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (pyproject's addopts): one pytest-xdist worker per CPU core this process may use, at most one
+    per 6 GiB of available memory (a worker's biggest tests run 4-process worlds or SmolLM2 at about 4-5 GB)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        with open("/proc/meminfo") as f:
+            avail_kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+        by_memory = avail_kib // (6 * 1024 * 1024)
+    except (OSError, StopIteration, ValueError):
+        by_memory = cores
+    return max(1, min(cores, by_memory))
+
+
 @pytest.fixture(scope="session")
 def fsdp4_reference(shared, tmp_path_factory):
     """The quickstart on 1 process x 4 devices for 4 steps (tests/quickstart_reference.py): ``(metric rows,
-    val_generations lines)``, run once per session for every multi-process comparison."""
+    val_generations lines)``, run once per session for every multi-process comparison. Under pytest-xdist the
+    workers share one run: the first to ask runs it under a file lock in the session's common temp folder, the
+    others read its result."""
+    import json
+
+    from filelock import FileLock
+
     from tests.quickstart_reference import run_reference
 
-    return run_reference(tmp_path_factory.mktemp("fsdp4_reference"))
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return run_reference(tmp_path_factory.mktemp("fsdp4_reference"))
+    common = tmp_path_factory.getbasetemp().parent  # the same folder for every worker of this session
+    result = common / "fsdp4_reference.json"
+    with FileLock(str(common / "fsdp4_reference.lock")):
+        if not result.exists():
+            result.write_text(json.dumps(run_reference(common / "fsdp4_reference")))
+        rows, val = json.loads(result.read_text())
+    return rows, val
 
 
 @pytest.fixture(scope="session")
