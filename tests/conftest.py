@@ -43,6 +43,54 @@ def shared():
     return d
 
 
+# End-to-end runs marked `extended` besides `slow`: `python -m pytest -m slow` runs them with the others, CI's slow phase
+# (`-m "slow and not extended"`) leaves them out to fit its time (they cost about as much as the rest of the slow
+# phase together). Each is a second or longer variant of a path a CI slow test still runs for real: a SmolLM2 run
+# beside the GSM8K one, a kill/resume beside the one CI runs, a second placement, a longer hybrid / Ray scenario.
+EXTENDED = {
+    "tests/e2e/test_runs_slow.py::test_dapo_quickstart_drops_flat_groups",
+    "tests/agent/test_multiturn_slow.py::test_smollm2_python_tool_two_steps",
+    "tests/e2e/test_runs_slow.py::test_gsm8k_smollm2_two_steps",
+    "tests/ray_backend/test_ray_slow.py::test_a_killed_actor_ends_the_run_and_max_restarts_resumes_it",
+    "tests/ray_backend/test_ray_slow.py::test_ray_job_submit_runs_the_verl_style_command_and_reports_a_failed_training",
+    "tests/ray_backend/test_ray_slow.py::test_a_simulated_tpu_slice_forms_one_world_and_trains",
+    "tests/distributed/test_multihost_slow.py::test_sigkill_of_one_process_ends_the_run_and_the_same_command_resumes",
+    "tests/hybrid/test_hybrid_slow.py::test_after_a_sync_the_rollout_groups_greedy_tokens_are_the_train_groups_model",
+    "tests/hybrid/test_hybrid_slow.py::test_a_killed_rollout_member_stops_the_run_fast_and_the_rerun_resumes_exactly",
+    "tests/hybrid/test_hybrid_slow.py::test_one_step_off_policy_on_the_hybrid_placement_overlaps_and_learns",
+    "tests/hybrid/test_hybrid_slow.py::test_ppo_with_groups_of_two_hosts_each_its_own_world_equals_the_split_run",
+    "tests/launchers/test_simulated_pod_slow.py::test_quickstart_on_fake_pod_matches_local_launcher",
+    "tests/e2e/test_jetstream_slow.py::test_quickstart_with_jetstream_learns",
+    "tests/rollout/test_jetstream_engine.py::test_smollm2_equals_embedded_sampler_and_trainer",
+    "tests/e2e/test_async_slow.py::test_sigkill_while_the_next_batch_generates_resumes_exactly[k2-partial]",
+    "tests/e2e/test_async_slow.py::test_quickstart_learns_with_staleness_1_on_a_split_mesh",
+    "tests/e2e/test_mesh_slow.py::test_quickstart_learns_on_eight_devices[colocated]",
+    "tests/e2e/test_mesh_slow.py::test_resume_on_a_split_mesh_syncs_the_sampler_to_the_restored_params",
+    "tests/e2e/test_offline_slow.py::test_online_dpo_raises_the_score_and_resumes_exactly_after_sigkill",
+    "tests/e2e/test_prime_slow.py::test_sigkill_after_step_4_resumes_the_prm_exactly",
+    "tests/e2e/test_lora_slow.py::test_sigkill_during_step_5_of_a_lora_run_resumes_exactly",
+    "tests/e2e/test_packing_slow.py::test_packed_dynamic_run_matches_padded_first_step[configs/ppo_quickstart.yaml-losses1]",
+    "tests/faults/test_faults_slow.py::test_corrupt_newest_checkpoint_is_moved_aside_resumed_past_and_rewritten",
+    "tests/faults/test_faults_slow.py::test_full_disk_during_saves_fails_the_final_save_loudly_and_loses_nothing",
+    "tests/test_resume.py::test_resume_exactly_at_an_epoch_boundary_keeps_training",
+    "tests/test_trainer_reward_model.py::test_remax_quickstart_with_a_reward_model_summed_with_the_rule_on_policy_tokens",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the :data:`EXTENDED` tests ``extended``; a listed id that no longer exists is an error (when its file
+    was collected), so the list cannot rot."""
+    seen = set()
+    for item in items:
+        if item.nodeid in EXTENDED:
+            item.add_marker(pytest.mark.extended)
+            seen.add(item.nodeid)
+    files = {item.nodeid.split("::")[0] for item in items}
+    missing = {n for n in EXTENDED - seen if n.split("::")[0] in files and not config.getoption("-k")}
+    if missing and not config.getoption("deselect") and "::" not in " ".join(config.args):
+        raise pytest.UsageError(f"tests/conftest.py EXTENDED names tests that do not exist: {sorted(missing)}")
+
+
 def pytest_xdist_auto_num_workers(config):
     """``-n auto`` (pyproject's addopts): one pytest-xdist worker per CPU core this process may use, at most one
     per 6 GiB of available memory (a worker's biggest tests run 4-process worlds or SmolLM2 at about 4-5 GB)."""

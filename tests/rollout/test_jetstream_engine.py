@@ -389,9 +389,10 @@ def test_on_a_rollout_mesh_tokens_equal_one_device(tiny, rollouts):
 #: float32 sums in another order move a log-prob by ~1e-5 on these models: the trainer's own recompute of the
 #: same rows moves by up to 7.6e-6 (stories260K) / 2.1e-5 (SmolLM2-135M, 30 layers) when the prompts are
 #: left-padded 32 columns wider (printed by assert_matches_trainer); the embedded sampler's gap is of the same
-#: size. Measured engine gaps: stories260K 1.05e-5, SmolLM2 3.3e-5 (sampled, 12 rows). A wrong position,
-#: temperature or cache slot moves log-probs by 1e-2 and more.
-STORIES_ATOL, SMOLLM2_ATOL = 2.5e-5, 5e-5
+#: size. Measured engine gaps: stories260K 1.05e-5, SmolLM2 3.3e-5 (sampled, 12 rows); on 12-01, with another test
+#: run on the same 2 cores, SmolLM2 6.5e-5 with the trainer's own floor at 4.2e-5. A wrong position, temperature or
+#: cache slot moves log-probs by 1e-2 and more.
+STORIES_ATOL, SMOLLM2_ATOL = 2.5e-5, 1e-4
 def test_stories260k_equals_embedded_sampler_and_trainer(shared):
     from jaxrl.models import load_pretrained
 
