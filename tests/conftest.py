@@ -43,10 +43,10 @@ def shared():
     return d
 
 
-# End-to-end runs marked `extended` besides `slow`: `python -m pytest -m slow` runs them with the others, CI's slow phase
-# (`-m "slow and not extended"`) leaves them out to fit its time (they cost about as much as the rest of the slow
-# phase together). Each is a second or longer variant of a path a CI slow test still runs for real: a SmolLM2 run
-# beside the GSM8K one, a kill/resume beside the one CI runs, a second placement, a longer hybrid / Ray scenario.
+# End-to-end runs marked `extended` besides `slow`: `python -m pytest -m slow` runs them with the others, CI's slow
+# phase (`-m "slow and not extended"`) leaves them out to fit its time (about 64% of the slow phase's
+# test time on 12-01). Each is a second or longer variant of a path a CI slow test still runs for real: SmolLM2 runs
+# beside the MATH-500 one, a kill/resume beside the one CI runs, a second placement, a longer hybrid / Ray scenario.
 EXTENDED = {
     "tests/e2e/test_runs_slow.py::test_dapo_quickstart_drops_flat_groups",
     "tests/agent/test_multiturn_slow.py::test_smollm2_python_tool_two_steps",
