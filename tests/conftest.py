@@ -44,11 +44,16 @@ def shared():
 
 
 # End-to-end runs marked `extended` besides `slow`: `python -m pytest -m slow` runs them with the others, CI's slow
-# phase (`-m "slow and not extended"`) leaves them out to fit its time (about 64% of the slow phase's
+# phase (`-m "slow and not extended"`) leaves them out to fit its time (about 70% of the slow phase's
 # test time on 12-01). Each is a second or longer variant of a path a CI slow test still runs for real: SmolLM2 runs
 # beside the MATH-500 one, a kill/resume beside the one CI runs, a second placement, a longer hybrid / Ray scenario.
 EXTENDED = {
     "tests/e2e/test_runs_slow.py::test_dapo_quickstart_drops_flat_groups",
+    "tests/e2e/test_runs_slow.py::test_ppo_quickstart_learns_and_critic_explains_variance",
+    "tests/e2e/test_async_slow.py::test_sigkill_while_the_next_batch_generates_resumes_exactly[k1]",
+    "tests/e2e/test_jetstream_slow.py::test_split_placement_jetstream_run_equals_the_embedded_samplers",
+    "tests/e2e/test_packing_slow.py::test_packed_dynamic_run_matches_padded_first_step[configs/quickstart.yaml-losses0]",
+    "tests/e2e/test_prime_slow.py::test_prime_quickstart_learns_and_its_prm_beats_chance",
     "tests/agent/test_multiturn_slow.py::test_smollm2_python_tool_two_steps",
     "tests/e2e/test_runs_slow.py::test_gsm8k_smollm2_two_steps",
     "tests/ray_backend/test_ray_slow.py::test_a_killed_actor_ends_the_run_and_max_restarts_resumes_it",
