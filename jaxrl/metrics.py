@@ -65,13 +65,15 @@ class PhasePeaks:
         self._process_peak = 0
         self._resettable: bool | None = None  # unknown until the first reset
 
-    def _fold(self) -> None:
+    def _fold(self) -> bool:
+        """Read VmHWM into the process's peak and every running phase; False where it cannot be read."""
         high = _vmhwm_bytes()
         if high is None:
-            return
+            return False
         self._process_peak = max(self._process_peak, high)
         for frame in self._running:
             frame[1] = max(frame[1], high)
+        return True
 
     def _reset(self) -> None:
         if self._resettable is False:
@@ -88,8 +90,7 @@ class PhasePeaks:
         """Track the peak RSS of the ``with`` body as phase ``name`` (a repeated name keeps the largest)."""
         frame = [name, 0]
         with self._lock:
-            self._fold()
-            if _vmhwm_bytes() is not None:
+            if self._fold():
                 self._reset()
             self._running.append(frame)
         try:
