@@ -24,7 +24,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -163,8 +162,10 @@ def test_after_a_sync_the_rollout_groups_greedy_tokens_are_the_train_groups_mode
 
     overrides = [o for o in HYBRID[2:] if not o.startswith("trainer.logger")]
     # LoRA: what crosses is the merged policy; JetStream: the rollout group's engine is the continuous-batching one
-    cfg = load_config("configs/quickstart.yaml", [*overrides, "trainer.logger=[jsonl]", "trainer.val_before_train=false",
-                                                  f"trainer.default_local_dir={tmp_path}", "trainer.total_training_steps=1",
+    cfg = load_config("configs/quickstart.yaml", [*overrides, "trainer.logger=[jsonl]",
+                                                  "trainer.val_before_train=false",
+                                                  f"trainer.default_local_dir={tmp_path}",
+                                                  "trainer.total_training_steps=1",
                                                   "actor_rollout_ref.model.lora_rank=8",
                                                   "actor_rollout_ref.model.lora_alpha=16",
                                                   "actor_rollout_ref.rollout.name=jetstream"])
@@ -261,8 +262,8 @@ def test_one_step_off_policy_on_the_hybrid_placement_overlaps_and_learns(cluster
 
 
 PPO_STEPS = 2  # step 2 runs on the weights synced across worlds after step 1's update (CI time: 2 runs of 4 processes)
-PPO = ["--config", "configs/ppo_quickstart.yaml", "critic.ppo_micro_batch_size_per_gpu=8", "trainer.val_before_train=false",
-       *COMMON[2:], f"trainer.total_training_steps={PPO_STEPS}"]
+PPO = ["--config", "configs/ppo_quickstart.yaml", "critic.ppo_micro_batch_size_per_gpu=8",
+       "trainer.val_before_train=false", *COMMON[2:], f"trainer.total_training_steps={PPO_STEPS}"]
 
 
 def test_ppo_with_groups_of_two_hosts_each_its_own_world_equals_the_split_run(shared, tmp_path):

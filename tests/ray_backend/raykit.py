@@ -97,6 +97,9 @@ class LocalCluster:
         from ray.cluster_utils import Cluster
 
         self.home = home
+        # what this test process had started before (an earlier test file's helper on the same xdist worker, e.g.
+        # a multiprocessing resource tracker) is not the cluster's
+        self.before = _descendants()
         node_env = node_env or [{} for _ in nodes]
         self.cluster = Cluster(initialize_head=False, shutdown_at_exit=True)
         try:
@@ -117,11 +120,26 @@ class LocalCluster:
         return self.cluster.address
 
     def pids(self) -> set[int]:
-        """This test process's descendants now (the cluster's processes and whatever they started)."""
-        return {p.pid for p in psutil.Process().children(recursive=True)}
+        """This test process's descendants now that it did not have before the cluster started (the cluster's
+        processes and whatever they and the test started since)."""
+        return _descendants() - self.before
 
     def shutdown(self) -> None:
         self.cluster.shutdown()
+
+
+def _descendants() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def describe(pids) -> list[str]:
+    """``"pid cmdline (parent ppid)"`` of each of ``pids`` still there: what an assertion about leftovers names."""
+    named = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            p = psutil.Process(pid)
+            named.append(f"{pid} {' '.join(p.cmdline())[:100]} (parent {p.ppid()})")
+    return named
 
 
 def alive(pids) -> list[int]:
@@ -224,6 +242,7 @@ class CliHead:
         require_loopback_hostname()
         require_ray()
         self.home, self.env, self.nodes, self.tree = home, env, [], set()
+        self.before = _descendants()  # earlier tests' helpers in this process are not the cluster's
         self.gcs_port, self.dashboard_port = free_port(), free_port()
         args = ["ray", "start", "--head", "--block", f"--port={self.gcs_port}", f"--num-cpus={num_cpus}",
                 "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
@@ -265,7 +284,7 @@ class CliHead:
         """The head's process tree and this process's descendants (the joined nodes), now."""
         with contextlib.suppress(psutil.Error):
             self.tree |= {self.proc.pid, *(p.pid for p in psutil.Process(self.proc.pid).children(recursive=True))}
-        return self.tree | {p.pid for p in psutil.Process().children(recursive=True)}
+        return self.tree | (_descendants() - self.before)
 
     def shutdown(self) -> list[str]:
         """End every node and the head (gracefully, then by PID after 20 s); returns the processes that survived even
@@ -287,10 +306,4 @@ class CliHead:
         # loaded machine can take long, so what is still there after 20 s is killed by PID; what survives even
         # that is returned, named
         kill_all(wait_gone(everything - {os.getpid()}, 20))
-        left = wait_gone(everything - {os.getpid()}, 30)
-        named = []
-        for pid in left:
-            with contextlib.suppress(psutil.Error):
-                p = psutil.Process(pid)
-                named.append(f"{pid} {' '.join(p.cmdline())[:100]} (parent {p.ppid()})")
-        return named
+        return describe(wait_gone(everything - {os.getpid()}, 30))

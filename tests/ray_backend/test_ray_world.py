@@ -19,8 +19,8 @@ import time
 import psutil
 import pytest
 
-from tests.ray_backend.raykit import (LocalCluster, alive, driver_process, kill_all, loopback, ray_process_env,
-                                      require_ray, sockets, wait_gone)
+from tests.ray_backend.raykit import (LocalCluster, describe, driver_process, kill_all, loopback,
+                                      ray_process_env, require_ray, sockets, wait_gone)
 
 DRIVER = ["--nnodes", "2", "--devices-per-host", "2", "--local-devices", "2", "--placement-timeout", "60",
           "--module", "tests.ray_backend.probe", "--"]
@@ -101,6 +101,7 @@ def runs(tmp_path_factory):
         everything = cluster.pids()
         cluster.shutdown()
         rec["after_shutdown"] = wait_gone(everything | seen, 30)
+        rec["after_shutdown_named"] = describe(rec["after_shutdown"])
         kill_all(rec["after_shutdown"])  # a failed shutdown must not leave processes behind
     return rec
 
@@ -168,4 +169,5 @@ def test_sigterm_to_the_driver_reaches_every_host(runs):
 
 def test_no_process_is_left(runs):
     assert runs["world_left"] == []  # the actors and their processes ended with the driver
-    assert runs["after_shutdown"] == []  # and the cluster's own processes with the cluster
+    # and the cluster's own processes with the cluster
+    assert runs["after_shutdown"] == [], runs["after_shutdown_named"]
