@@ -29,6 +29,7 @@ from jaxrl.host_memory import release_free_memory, set_up_host_memory
 from jaxrl.loop import NonFiniteTrainingError, TrainingLoop, export_final_model, setup_run_logging
 from jaxrl.metrics import (batch_metrics, compile_clock, memory_metrics, phase_peaks, plot_rewards,
                            rollout_mismatch_metrics, timed, validation_metrics)
+from jaxrl.program_budget import ProgramBudget
 from jaxrl.run_checkpoint import RunCheckpoints
 
 log = logging.getLogger("jaxrl")
@@ -54,6 +55,11 @@ class Trainer(TrainingLoop):
         self.checkpoints = RunCheckpoints(c)  # what a checkpoint holds; this class decides when
         self.online_dpo = bool(cfg.algorithm.dpo.enable)
         self.pipeline = None  # async_training.staleness > 0: batches generated ahead of training (jaxrl.async_rollout)
+        self.program_budget = ProgramBudget(cfg.trainer.max_compiled_prompt_widths)
+        if self.program_budget.max_widths is not None and c.memory_metrics is not None:
+            raise ValueError(f"trainer.max_compiled_prompt_widths={self.program_budget.max_widths} does not work in a "
+                             "hybrid (Ray worker group) run: the programs live in the groups' processes; set it to "
+                             "null")
         if cfg.async_training.staleness:
             from jaxrl.async_rollout import AsyncRollout, WholeBatches
 
@@ -103,6 +109,17 @@ class Trainer(TrainingLoop):
                     batch.token_level_rewards = self._apply_kl_in_reward(batch, metrics)
                     batch.advantages, batch.returns = self._advantages(batch)
 
+                # a checkpoint save still writing in the background holds a host copy of the state: it finishes
+                # before the updates' temporaries (the step's memory peak) are allocated, so the two never add up
+                # (it normally has finished during generation; a failure is logged and recorded, as at the next save)
+                if c.store.pending is not None:
+                    with timed("save_wait", t):
+                        c.store.settle()
+                # past trainer.max_compiled_prompt_widths, the compiled programs go too (jaxrl.program_budget)
+                if self.program_budget.max_widths is not None:
+                    with timed("drop_programs", t):
+                        self.program_budget.enforce(batch.prompt_width)
+                    metrics["perf/compiled_programs_dropped"] = float(self.program_budget.drops)  # so far
                 # the rollout's freed buffers back to the OS before the updates' temporaries (the step's peak) are
                 # allocated: glibc keeps freed pages mapped otherwise, and they add to that peak
                 release_free_memory()
@@ -278,6 +295,7 @@ class Trainer(TrainingLoop):
             else:
                 mt = agent.run([r["row"] for r in chunk], sp, prompt_key=cfg.data.prompt_key)
                 out, env_rewards = mt.output, mt.env_rewards
+            self.program_budget.note(out.prompt_ids.shape[1])  # its programs count until the next update
             texts = decode_responses(c.tokenizer, out.response_ids, out.response_mask)
             rew = score_responses(c.reward, [r["row"] for r in chunk], out.prompt_index, texts)
             scores = rew.scores if env_rewards is None else rew.scores + env_rewards

@@ -168,6 +168,31 @@ def test_async_save_is_isolated_from_later_updates(tmp_path, state):
     store.close()
 
 
+def test_settle_finishes_the_pending_save_and_records_its_failure_without_raising(tmp_path, state, monkeypatch):
+    """What the trainer calls before its update: the save in flight is finished (``pending`` None after), and a
+    failed background write is logged and kept in ``save_errors`` instead of raised into the training step."""
+    from orbax.checkpoint._src.handlers import json_checkpoint_handler as jch
+
+    store = CheckpointStore(tmp_path / "run", max_to_keep=None, async_save=True)
+    assert store.pending is None
+    store.save(1, arrays=_arrays(state), meta=_meta(1))
+    assert store.pending == 1
+    store.settle()
+    assert store.pending is None and store.steps() == [1] and store.save_errors == {}
+
+    async def broken(self, x, directory):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(jch.JsonCheckpointHandler, "_save_fn", broken)
+    store.save(2, arrays=_arrays(state), meta=_meta(2))
+    store.settle()  # does not raise
+    assert store.pending is None and set(store.save_errors) == {2} and store.steps() == [1]
+    assert "Input/output error" in str(store.save_errors[2])
+    monkeypatch.undo()
+    store.settle()  # nothing pending: a no-op
+    store.close()
+
+
 def test_max_to_keep_prunes_oldest(tmp_path, state):
     store = CheckpointStore(tmp_path / "run", max_to_keep=2, async_save=True)
     for s in (1, 2, 3, 4):

@@ -89,6 +89,9 @@ def test_short_quickstart_run_writes_verl_metrics_plot_and_model(shared, tmp_pat
         assert all(0.05 < v <= r[peak] + 1e-6 for v in phases.values()), (phases, r[peak])
         assert all(phases[k] <= phases["step"] + 1e-6 for k in ("gen", "update_actor", "sync")), phases
     assert f"{peak}/save_checkpoint" in records[1] and f"{peak}/save_checkpoint" not in records[0]
+    # step 2 finished the save of step 1 before its update (the save's host copy never overlaps the update)
+    assert "timing_s/save_wait" in records[1] and "timing_s/save_wait" not in records[0]
+    assert records[1]["timing_s/save_wait"] <= records[1]["timing_s/step"]
     assert "val-core/tinystories/sentiment/reward/mean@1" in records[-1]
     assert records[-1]["response_length/mean"] <= 12
     # The sampler's log-probs and the trainer's recompute agree (same weights, fp32).
@@ -251,3 +254,42 @@ def test_each_step_releases_free_host_memory_before_reading_its_memory_metrics(s
     # (tracing and lowering run even when a persistent compilation cache supplies the executables)
     assert isinstance(records[0]["perf/num_compiles"], int) and records[0]["perf/num_compiles"] >= 0
     assert 0 < records[0]["perf/compile_time_s"] < records[0]["timing_s/step"]
+
+
+def _fit_with_bucket(cfg, bucket: int) -> list[dict]:
+    """A run as run_training makes it, with the sampler's prompt widths bucketed to ``bucket`` tokens (so the short
+    TinyStories prompts meet several widths)."""
+    from jaxrl.build import build
+    from jaxrl.trainer import Trainer
+
+    c = build(cfg)
+    try:
+        c.rollout.prompt_length_bucket = bucket
+        trainer = Trainer(c)
+        c.reward.start()
+        try:
+            trainer.fit()
+        finally:
+            c.reward.close()
+            c.logger.close()
+    finally:
+        c.store.close()
+        c.lock.release()
+    return [json.loads(line) for line in c.logger.jsonl_path.read_text().splitlines()]
+
+
+def test_dropping_compiled_programs_past_the_width_bound_leaves_every_metric_unchanged(shared, tmp_path):
+    """trainer.max_compiled_prompt_widths=1 (jaxrl.program_budget): each new prompt width drops every compiled
+    program before the update; the programs built again give the run the same numbers as keeping them."""
+    extra = ["trainer.total_training_steps=3", "trainer.test_freq=-1"]
+    keep = _fit_with_bucket(load_config("configs/quickstart.yaml", tiny_run_overrides(tmp_path / "keep", extra)), 4)
+    drop = _fit_with_bucket(load_config("configs/quickstart.yaml", tiny_run_overrides(
+        tmp_path / "drop", [*extra, "trainer.max_compiled_prompt_widths=1"])), 4)
+    widths = [-(-r["prompt_length/max"] // 4) for r in keep]
+    assert len(set(widths)) >= 2, widths  # the run met several widths
+    assert "perf/compiled_programs_dropped" not in keep[-1]
+    assert drop[-1]["perf/compiled_programs_dropped"] >= 1
+    assert all("timing_s/drop_programs" in r for r in drop)
+    for k in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "response_length/mean", "critic/score/mean",
+              "training/rollout_probs_diff_max"):
+        assert [r[k] for r in drop] == [r[k] for r in keep], k

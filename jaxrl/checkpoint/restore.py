@@ -2,7 +2,7 @@
 arrays; with ``step=None`` the newest restorable step, unreadable ones set aside (:mod:`jaxrl.checkpoint.corrupt`).
 
 :class:`RestoreMixin` holds these methods of :class:`jaxrl.checkpoint.CheckpointStore`; it relies on the store's
-``directory``, ``_mgr`` (the orbax ``CheckpointManager``), ``steps()``, ``step_path()``, ``_settle()`` and
+``directory``, ``_mgr`` (the orbax ``CheckpointManager``), ``steps()``, ``step_path()``, ``settle()`` and
 ``_set_aside_corrupt()``.
 """
 
@@ -110,7 +110,7 @@ class RestoreMixin:
             checkpoint is restorable (the message names the directory, each step tried with its error, and
             where unreadable ones were moved).
         """
-        self._settle()
+        self.settle()
         if step is not None:
             self._require_step(step)
             try:

@@ -148,7 +148,7 @@ class CheckpointStore(RestoreMixin, SetAsideMixin):
         if not isinstance(meta, Mapping):
             raise TypeError(f"checkpoint meta must be a dict, got {type(meta).__name__}")
         _check_json(meta, "meta")
-        self._settle()  # the previous async save: a failure is logged and recorded, never raised into this one
+        self.settle()  # the previous async save: a failure is logged and recorded, never raised into this one
         # decided once (several processes: by the primary, for all; the save itself is collective)
         if not distributed.run_on_primary(self._may_save, step, arrays, meta):
             return False
@@ -181,8 +181,15 @@ class CheckpointStore(RestoreMixin, SetAsideMixin):
             # so too, but orbax's writer thread may drop its last references just after that callback runs)
             release_free_memory()
 
-    def _settle(self) -> None:
-        """:meth:`wait` whose failure is only logged and recorded (by :meth:`_save_failed`)."""
+    @property
+    def pending(self) -> int | None:
+        """The step of the asynchronous save still in flight (not yet awaited), or None."""
+        return self._pending
+
+    def settle(self) -> None:
+        """:meth:`wait` whose failure is only logged and recorded in :attr:`save_errors` (by :meth:`_save_failed`),
+        never raised: what the trainer calls before its update, so a save still writing in the background never
+        holds its host copy of the state while the update's temporaries are allocated."""
         try:
             self.wait()
         except CheckpointSaveError:
@@ -292,7 +299,7 @@ class CheckpointStore(RestoreMixin, SetAsideMixin):
             return
         self._closed = True
         try:
-            self._settle()
+            self.settle()
         finally:
             try:
                 self._mgr.close()

@@ -31,6 +31,7 @@ def validate_cross(cfg: JaxRLConfig) -> None:
     world_s = f"trainer.n_gpus_per_node={t.n_gpus_per_node} x trainer.nnodes={t.nnodes}"
     n = rollout.n
     plan = BatchPlan.from_config(cfg)
+    _validate_program_budget(cfg)
     if not actor.recompute_old_log_prob:
         off_policy = []
         if actor.ppo_epochs != 1:
@@ -149,6 +150,21 @@ def _validate_prime(cfg: JaxRLConfig) -> None:
         prime_plan(cfg).check()
     except ValueError as e:
         raise ConfigError(f"{why}: {e}") from None
+
+
+def _validate_program_budget(cfg: JaxRLConfig) -> None:
+    """``trainer.max_compiled_prompt_widths`` (:mod:`jaxrl.program_budget`): null or an int >= 1, and not with the
+    asynchronous pipeline, whose generation thread compiles and runs programs while the update runs."""
+    mcw = cfg.trainer.max_compiled_prompt_widths
+    if mcw is None:
+        return
+    if isinstance(mcw, bool) or not isinstance(mcw, int) or mcw < 1:
+        raise ConfigError(f"trainer.max_compiled_prompt_widths={mcw!r} is invalid; valid: null (keep every compiled "
+                          "program) or an int >= 1")
+    if cfg.async_training.staleness:
+        raise ConfigError(f"trainer.max_compiled_prompt_widths={mcw} does not work with async_training.staleness="
+                          f"{cfg.async_training.staleness} (the generation thread compiles and runs programs while the "
+                          "update runs); set it to null")
 
 
 def _validate_async(cfg: JaxRLConfig) -> None:

@@ -495,6 +495,10 @@ class TrainerConfig:
     # jaxrl: JAX's persistent compilation cache (jaxrl.compilation_cache): a rerun or resume loads the compiled
     # programs instead of compiling them; null = off. The env var JAX_COMPILATION_CACHE_DIR, when set, wins.
     jax_compilation_cache_dir: Optional[str] = "~/.cache/jaxrl/jax_compilation_cache"
+    # jaxrl: the most prompt widths whose compiled programs stay in host memory (jaxrl.program_budget): past it, every
+    # compiled program is dropped before the update and compiled (or loaded from the cache above) again when met;
+    # null = keep every program. Synchronous single-controller runs only (not with async_training, not hybrid).
+    max_compiled_prompt_widths: Optional[int] = None
     mesh: MeshConfig = field(default_factory=MeshConfig)  # jaxrl: the train mesh section (all null = one device)
     # jaxrl: where the rollout engine runs when a mesh is on. "colocated": on the train devices, the weights
     # re-laid-out for it (tensor-parallel over rollout.tensor_model_parallel_size, replicas over the rest);
