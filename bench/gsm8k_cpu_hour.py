@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -202,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
         wall = train(args.minutes, run_dir)
         command = f"python bench/gsm8k_cpu_hour.py --minutes {args.minutes:g}"
         args.note.append(f"process wall time {wall / 60:.1f} min (start, load and the final save included)")
+        # the trainer's whole life, the final save and export after SIGTERM included (no step record follows
+        # those, so perf/cpu_memory_peak_gb cannot show them); Linux reports ru_maxrss in KiB
+        life_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
+        args.note.append(f"peak RSS of the trainer process over its whole life (getrusage, the final save and "
+                         f"export after SIGTERM included): {life_gb:.2f} GB")
     else:
         run_dir = args.summarize
         command = args.command or f"python bench/gsm8k_cpu_hour.py --summarize {args.summarize}"
