@@ -350,6 +350,39 @@ def test_rows_independent_of_chunking(cfg, model, sampler):
     np.testing.assert_allclose(whole.rollout_log_probs, chunked.rollout_log_probs, atol=1e-5)
 
 
+
+def test_n_samples_prefill_each_distinct_prompt_once(cfg, model, sampler, ref):
+    """n = 2 over 3 prompts prefills 3 prompts (bucketed to 4), not 6 rows, and samples exactly what the same prompts
+    listed n times give (one prefill per row; a row's random stream depends only on its global row index); a chunk
+    boundary that splits a prompt's rows (max_batch_size=4: rows 0-3, 4-5) keeps that."""
+    sp = SamplingParams(n=2, temperature=1.0, max_new_tokens=R, seed=3)
+    listed = [p for p in PROMPTS for _ in range(2)]
+    shared = sampler.generate(PROMPTS, sp)
+    per_row = sampler.generate(listed, SamplingParams(n=1, temperature=1.0, max_new_tokens=R, seed=3))
+    np.testing.assert_array_equal(shared.response_ids, per_row.response_ids)
+    np.testing.assert_allclose(shared.rollout_log_probs, per_row.rollout_log_probs, atol=1e-5)
+    np.testing.assert_array_equal(shared.prompt_index, [0, 0, 1, 1, 2, 2])
+    for i, p in enumerate(listed):  # and each sample's log-probs are the full forward's
+        resp = shared.response_token_lists()[i]
+        lp = log_softmax(ref(p + resp))
+        np.testing.assert_allclose(shared.rollout_log_probs[i, : len(resp)],
+                                   [lp[len(p) - 1 + t, tok] for t, tok in enumerate(resp)], atol=1e-5)
+
+    ids, mask = np.zeros((8, 16), np.int32), np.zeros((8, 16), np.int32)
+    for i, p in enumerate(listed):
+        ids[i, 16 - len(p):], mask[i, 16 - len(p):] = p, 1
+    ids_u, mask_u, row_map = sampler._distinct_prompts(ids, mask, shared.prompt_index)
+    assert ids_u.shape == (4, 16)  # 3 distinct prompts + 1 filler, not 8 rows
+    np.testing.assert_array_equal(ids_u[:3], ids[[0, 2, 4]])
+    np.testing.assert_array_equal(row_map, [0, 0, 1, 1, 2, 2, 0, 0])
+    assert mask_u[3].tolist() == [0] * 15 + [1]
+    assert sampler._distinct_prompts(ids[:3], mask[:3], np.arange(3)) is None  # n = 1: every row prefilled
+
+    chunked = JaxSampler(cfg, *nnx.split(model), pad_token_id=PAD, eos_token_ids=(EOS,), max_prompt_length=16,
+                         prompt_length_bucket=8, max_batch_size=4).generate(PROMPTS, sp)
+    np.testing.assert_array_equal(chunked.response_ids, shared.response_ids)
+    np.testing.assert_allclose(chunked.rollout_log_probs, shared.rollout_log_probs, atol=1e-5)
+
 def test_no_recompile_within_bucket(sampler):
     sampler.generate(PROMPTS, SamplingParams(do_sample=False, max_new_tokens=R))
     before = sampler.num_compiles
