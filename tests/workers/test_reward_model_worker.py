@@ -69,7 +69,9 @@ def test_micro_batching_equals_one_call(split_rm, micro):
     batch = make_batch(n=8, seed=1)
     whole = RewardModelWorker(graphdef, params).score(batch).scores
     chunked = RewardModelWorker(graphdef, params, micro_batch_size=micro).score(batch).scores
-    np.testing.assert_allclose(chunked, whole, atol=1e-5, rtol=1e-5)
+    # other batch shapes change XLA's float32 reduction order: on an AVX-512 CPU the scores (magnitude up to ~14)
+    # moved by up to 2.5e-5; a wrong row or mask moves them by O(1)
+    np.testing.assert_allclose(chunked, whole, atol=1e-4, rtol=1e-4)
 
 
 def test_eight_device_mesh_equals_single_device(split_rm):
