@@ -264,21 +264,14 @@ class JaxSampler:
         self._num_traces += 1
         batch, width = input_ids.shape
         cache = init_cache(self.model_cfg, batch, width + max_new_tokens - 1, self.cache_dtype)
-        cache = self._fill_prompts(params, cache, input_ids, prompt_mask, max_new_tokens)
+        if width > 1:
+            model = nnx.merge(self._graphdef, params)
+            positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=-1) - 1, 0).astype(jnp.int32)
+            attn = _cache_mask(prompt_mask, max_new_tokens)
+            _, cache = model(
+                input_ids[:, :-1], positions[:, :-1], attn, cache=cache, cache_index=jnp.int32(0), return_hidden=True
+            )
         return cache if row_map is None else jax.tree.map(lambda x: jnp.take(x, row_map, axis=1), cache)
-
-    def _fill_prompts(self, params, cache, input_ids, prompt_mask, max_new_tokens: int):
-        """``cache`` with slots [0, P-1) of each row holding its prompt's keys/values (traced in the prefill)."""
-        width = input_ids.shape[1]
-        if width == 1:
-            return cache
-        model = nnx.merge(self._graphdef, params)
-        positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=-1) - 1, 0).astype(jnp.int32)
-        attn = _cache_mask(prompt_mask, max_new_tokens)
-        _, cache = model(
-            input_ids[:, :-1], positions[:, :-1], attn, cache=cache, cache_index=jnp.int32(0), return_hidden=True
-        )
-        return cache
 
     def _decode_impl(self, params, cache, input_ids, prompt_mask, row_ids, row_valid, stop_ids, controls):
         """Sample up to R tokens (R = cache length - P + 1), one while_loop step per token.

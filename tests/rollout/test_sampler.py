@@ -350,7 +350,6 @@ def test_rows_independent_of_chunking(cfg, model, sampler):
     np.testing.assert_allclose(whole.rollout_log_probs, chunked.rollout_log_probs, atol=1e-5)
 
 
-
 def test_n_samples_prefill_each_distinct_prompt_once(cfg, model, sampler, ref):
     """n = 2 over 3 prompts prefills 3 prompts (bucketed to 4), not 6 rows, and samples exactly what the same prompts
     listed n times give (one prefill per row; a row's random stream depends only on its global row index); a chunk
@@ -382,6 +381,7 @@ def test_n_samples_prefill_each_distinct_prompt_once(cfg, model, sampler, ref):
                          prompt_length_bucket=8, max_batch_size=4).generate(PROMPTS, sp)
     np.testing.assert_array_equal(chunked.response_ids, shared.response_ids)
     np.testing.assert_allclose(chunked.rollout_log_probs, shared.rollout_log_probs, atol=1e-5)
+
 
 def test_no_recompile_within_bucket(sampler):
     sampler.generate(PROMPTS, SamplingParams(do_sample=False, max_new_tokens=R))
