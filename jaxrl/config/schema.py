@@ -242,6 +242,10 @@ class RolloutConfig:
     log_prob_use_dynamic_bsz: Optional[bool] = None  # log-prob forward by a token budget; null = actor.use_dynamic_bsz
     log_prob_max_token_len_per_gpu: Optional[int] = None  # its real tokens per device; null = actor.ppo_max_token_len_per_gpu
     micro_batch_size: Optional[int] = None  # jaxrl: max sequences per generate call; null = no cap
+    # jaxrl, rollout.name=jax without a mesh: prefill only the prompts' real tokens, packed end to end in one row
+    # (as vLLM does); false = the left-padded [prompts, prompt width] batch, one compiled prefill per width (the packed
+    # row's length adds a few more shapes, each a compiled program of ~35 MB for SmolLM2-135M)
+    packed_prefill: bool = True
     # JetStream: most decode slots (sequences decoded at once, continuous batching); it uses one slot per row of a
     # generate call (data.gen_batch_size or train_batch_size, x n) up to this; null = no cap. vLLM keeps its default.
     max_num_seqs: Optional[int] = None

@@ -87,7 +87,7 @@ def make_rollout_engine(cfg, model_cfg, graphdef, params, tokenizer, *, mesh: Me
             max_prompt_length=_engine_prompt_length(cfg), max_batch_size=rc.micro_batch_size or None,
         )
         if mesh is None:
-            return JaxSampler(model_cfg, graphdef, params, **kwargs)
+            return JaxSampler(model_cfg, graphdef, params, packed_prefill=rc.packed_prefill, **kwargs)
         return JaxSampler(model_cfg, graphdef, params, mesh=mesh, rules=rules, **kwargs)
     if rc.name == "jetstream":
         return _jetstream(cfg, model_cfg, graphdef, params, tokenizer, mesh=mesh, rules=rules)

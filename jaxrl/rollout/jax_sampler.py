@@ -2,13 +2,19 @@
 
 Generation is two jitted programs per shape bucket:
 
-* **prefill** ``[B, P]``: left-padded prompts (``positions = cumsum(mask) - 1``) are run once through
+* **prefill** ``[B, P]`` (or packed, below): left-padded prompts (``positions = cumsum(mask) - 1``) are run once through
   the decoder (hidden states only, no ``[B, P, V]`` logits), filling slots ``[0, P-1)`` of a KV cache
   of length ``P + R - 1`` with every prompt token but the last.
 * **decode**: one ``jax.lax.while_loop`` over at most ``R`` steps inside one jit; step ``t`` feeds
   the last prompt token (``t = 0``) or the previous sample at cache slot ``P - 1 + t``, samples token
   ``t``, and the loop stops early once every row has emitted an eos/stop token. Finished rows keep
   running (static shapes) but their outputs are masked to the pad id / log-prob 0.
+
+**Packed prefill** (without a mesh, ``packed_prefill=True``, the default): the prefill runs only the prompts' real
+tokens, laid end to end in one row (:mod:`jaxrl.rollout.prompt_packing`, :meth:`Decoder.prefill_packed`), and
+scatters each token's keys/values to its slot of the left-padded cache layout above: the same cache (up to float32
+summation order) for ``sum(prompt lengths)`` positions of work instead of ``B x P``. SmolLM2-135M, 64 prompts of
+15-24 tokens (``P`` = 32), 2-core CPU: prefill 2.15 -> 1.40 s; 32 prompts 1.10 -> 0.75 s.
 
 **One prefill per distinct prompt** (without a mesh): the ``n`` samples of a prompt share its prompt, so the prefill
 runs on the chunk's distinct prompts only (batch bucketed as below) and copies each prompt's cache slots to its ``n``
@@ -48,9 +54,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl.distributed import to_global, to_host
 from jaxrl.models.config import ModelConfig
-from jaxrl.models.decoder import init_cache
+from jaxrl.models.decoder import PackedSegments, init_cache
 from jaxrl.models.scan_layout import is_scan_layout, unstack_layers, unstacked_copy
 from jaxrl.rollout.base import RolloutOutput, SamplingParams, WeightFormatError, check_prompts
+from jaxrl.rollout.prompt_packing import pack_prompts
 from jaxrl.rollout.sampling import select_tokens
 from jaxrl.rollout.weight_format import WeightFormat, check_same_params
 from sharding.rules import Rules
@@ -97,6 +104,8 @@ class JaxSampler:
         is divisible by it, else replicated on the mesh.
       rules: with a mesh: the logical-axis rules the weights are laid out by (default
         :data:`sharding.rules.TENSOR_PARALLEL_RULES`); part of the declared :attr:`weight_format`.
+      packed_prefill: without a mesh, prefill the prompts' real tokens packed into rows (default) instead of the
+        left-padded ``[B, P]`` batch; the same cache up to float32 summation order. Ignored on a mesh.
 
     Attributes:
       weight_format: the one weight format :meth:`update_weights` accepts (:class:`WeightFormat` ``"jax"``, on
@@ -121,6 +130,7 @@ class JaxSampler:
         cache_dtype=jnp.float32,
         mesh: Mesh | None = None,
         rules: Rules | None = None,
+        packed_prefill: bool = True,
     ) -> None:
         vocab = model_cfg.vocab_size
         if not isinstance(pad_token_id, (int, np.integer)) or not (0 <= pad_token_id < vocab):
@@ -148,6 +158,7 @@ class JaxSampler:
         self.max_batch_size = max_batch_size
         self.cache_dtype = cache_dtype
         self.mesh = mesh
+        self.packed_prefill = bool(packed_prefill) and mesh is None
         self.weight_format = WeightFormat.jax(mesh, rules)
         if mesh is None:
             self.engine_name = "jax sampler"
@@ -165,6 +176,7 @@ class JaxSampler:
         self._num_traces = 0
         self.last_decode_steps = 0  # decode-loop steps of the last generate() (max over chunks)
         self._prefill_jit = jax.jit(self._prefill_impl, static_argnames=("max_new_tokens",))
+        self._prefill_packed_jit = jax.jit(self._prefill_packed_impl, static_argnames=("shape",))
         self._decode_jit = jax.jit(self._decode_impl, donate_argnames=("cache",))
 
     @classmethod
@@ -218,16 +230,16 @@ class JaxSampler:
             input_ids, prompt_mask = self._place_rows(input_ids, prompt_mask)
         return self._prefill_jit(params, input_ids, prompt_mask, max_new_tokens=max_new_tokens)
 
-    def _distinct_prompts(self, input_ids: np.ndarray, prompt_mask: np.ndarray, prompt_index: np.ndarray):
-        """The prefill inputs of a chunk's host ``[B, P]`` rows (the first ``len(prompt_index)`` real, the rest batch
-        filler) when fewer distinct prompts than rows are there (``n > 1``) and no mesh: ``(ids [U, P], mask [U, P],
-        row_map [B])``, ``U`` the distinct prompts bucketed to a power of two and ``row_map[b]`` row ``b``'s prompt
-        (filler rows read prompt 0's slots, which their mask hides). ``None`` otherwise (every row is prefilled).
-        ``prompt_index`` int32 [m]: the prompt of each real row, non-decreasing.
+    def _prefill_rows(self, input_ids: np.ndarray, prompt_mask: np.ndarray, prompt_index: np.ndarray):
+        """The prompts a chunk's host ``[B, P]`` rows (the first ``len(prompt_index)`` real, the rest batch filler)
+        prefill, each once: ``(ids [U, P], mask [U, P], row_map [B])``, ``U`` the distinct prompts bucketed to a
+        power of two and ``row_map[b]`` row ``b``'s prompt (filler rows read prompt 0's slots, which their mask
+        hides). ``None`` when every row is prefilled as it is: on a mesh, or with padded prefill and no repeated
+        prompt. ``prompt_index`` int32 [m]: the prompt of each real row, non-decreasing.
         """
         m = len(prompt_index)
         _, firsts, row_of = np.unique(prompt_index, return_index=True, return_inverse=True)
-        if self.mesh is not None or len(firsts) == m:
+        if self.mesh is not None or (len(firsts) == m and not self.packed_prefill):
             return None
         u = self._batch_bucket(len(firsts))
         ids_u = np.full((u, input_ids.shape[1]), self.pad_token_id, np.int32)
@@ -272,6 +284,22 @@ class JaxSampler:
                 input_ids[:, :-1], positions[:, :-1], attn, cache=cache, cache_index=jnp.int32(0), return_hidden=True
             )
         return cache if row_map is None else jax.tree.map(lambda x: jnp.take(x, row_map, axis=1), cache)
+
+    def _prefill_packed_impl(self, params, packed, row_map, *, shape: tuple[int, int]):
+        """:meth:`_prefill_impl` from prompts packed into rows (:func:`~jaxrl.rollout.prompt_packing.pack_prompts`).
+
+        Args: packed: the :class:`~jaxrl.rollout.prompt_packing.PackedPrompts` arrays int32 [1, N]; row_map int32
+        [B] (row ``b`` of the returned cache is prompt ``row_map[b]``'s); shape: static ``(U, cache_len, P)``, the
+        prompts and slots per row of the cache the packed tokens are written into, and the prompt width.
+        Returns: KVCache [L, B, cache_len, nKV, D], the same slots filled as by :meth:`_prefill_impl`.
+        """
+        self._num_traces += 1
+        prompts, cache_len, width = shape
+        cache = init_cache(self.model_cfg, prompts, cache_len, self.cache_dtype)
+        model = nnx.merge(self._graphdef, params)
+        segments = PackedSegments(packed.segment_ids, window=max(width - 2, 0))  # a prompt's P - 1 prefilled tokens
+        cache = model.prefill_packed(packed.input_ids, packed.positions, segments, cache, packed.rows, packed.slots)
+        return jax.tree.map(lambda x: jnp.take(x, row_map, axis=1), cache)
 
     def _decode_impl(self, params, cache, input_ids, prompt_mask, row_ids, row_valid, stop_ids, controls):
         """Sample up to R tokens (R = cache length - P + 1), one while_loop step per token.
@@ -421,11 +449,16 @@ class JaxSampler:
             mask_c[m:, -1] = 1  # filler rows: one pad token, so no row attends to nothing
             row_ids = np.arange(start, start + bsz, dtype=np.int32)
             row_valid = np.arange(bsz) < m
-            distinct = self._distinct_prompts(ids_c, mask_c, prompt_index[start:stop])
+            distinct = self._prefill_rows(ids_c, mask_c, prompt_index[start:stop])
             ids_c, mask_c = (jnp.asarray(ids_c), jnp.asarray(mask_c)) if self.mesh is None else \
                 self._place_rows(ids_c, mask_c)
             if distinct is None:
                 cache = self._prefill(weights, ids_c, mask_c, max_new_tokens=r)
+            elif self.packed_prefill:  # each distinct prompt's real tokens once, packed into rows
+                ids_u, mask_u, row_map = distinct
+                packed = pack_prompts(ids_u, mask_u, cache_len=width + r - 1, pad_token_id=self.pad_token_id)
+                cache = self._prefill_packed_jit(weights, jax.tree.map(jnp.asarray, packed), jnp.asarray(row_map),
+                                                 shape=(len(ids_u), width + r - 1, width))
             else:  # one prefill per distinct prompt, its slots copied to the prompt's rows
                 cache = self._prefill_jit(weights, *map(jnp.asarray, distinct), max_new_tokens=r)
             ids, mask, logp, steps, cache = self._decode(

@@ -15,9 +15,10 @@ import pytest
 from flax import nnx
 
 from jaxrl.models.config import ModelConfig
-from jaxrl.models.decoder import Decoder
+from jaxrl.models.decoder import Decoder, PackedSegments, gqa_attention, init_cache, packed_gqa_attention
 from jaxrl.rollout import JaxSampler, RolloutEngine, RolloutOutput, SamplingParams
 from jaxrl.rollout import sampling
+from jaxrl.rollout.prompt_packing import pack_prompts, packed_length
 
 PAD, BOS, EOS = 0, 1, 2
 R = 8
@@ -370,12 +371,15 @@ def test_n_samples_prefill_each_distinct_prompt_once(cfg, model, sampler, ref):
     ids, mask = np.zeros((8, 16), np.int32), np.zeros((8, 16), np.int32)
     for i, p in enumerate(listed):
         ids[i, 16 - len(p):], mask[i, 16 - len(p):] = p, 1
-    ids_u, mask_u, row_map = sampler._distinct_prompts(ids, mask, shared.prompt_index)
+    ids_u, mask_u, row_map = sampler._prefill_rows(ids, mask, shared.prompt_index)
     assert ids_u.shape == (4, 16)  # 3 distinct prompts + 1 filler, not 8 rows
     np.testing.assert_array_equal(ids_u[:3], ids[[0, 2, 4]])
     np.testing.assert_array_equal(row_map, [0, 0, 1, 1, 2, 2, 0, 0])
     assert mask_u[3].tolist() == [0] * 15 + [1]
-    assert sampler._distinct_prompts(ids[:3], mask[:3], np.arange(3)) is None  # n = 1: every row prefilled
+    padded = JaxSampler(cfg, *nnx.split(model), pad_token_id=PAD, eos_token_ids=(EOS,), max_prompt_length=16,
+                        prompt_length_bucket=8, packed_prefill=False)
+    assert padded._prefill_rows(ids[:3], mask[:3], np.arange(3)) is None  # n = 1, padded: every row prefilled
+    np.testing.assert_array_equal(padded._prefill_rows(ids, mask, shared.prompt_index)[2], row_map)
 
     chunked = JaxSampler(cfg, *nnx.split(model), pad_token_id=PAD, eos_token_ids=(EOS,), max_prompt_length=16,
                          prompt_length_bucket=8, max_batch_size=4).generate(PROMPTS, sp)
@@ -383,10 +387,102 @@ def test_n_samples_prefill_each_distinct_prompt_once(cfg, model, sampler, ref):
     np.testing.assert_allclose(chunked.rollout_log_probs, shared.rollout_log_probs, atol=1e-5)
 
 
+def test_packed_prefill_samples_what_padded_prefill_samples(cfg, model, sampler):
+    """The default packed prefill (prompts' real tokens in one row) and the padded ``[B, P]`` prefill give the same
+    samples and log-probs, greedy and sampled, n = 1 and n = 2."""
+    padded = JaxSampler(cfg, *nnx.split(model), pad_token_id=PAD, eos_token_ids=(EOS,), max_prompt_length=16,
+                        prompt_length_bucket=8, packed_prefill=False)
+    assert sampler.packed_prefill and not padded.packed_prefill
+    for sp in (SamplingParams(do_sample=False, max_new_tokens=R), SamplingParams(n=2, max_new_tokens=R, seed=4)):
+        a, b = sampler.generate(PROMPTS, sp), padded.generate(PROMPTS, sp)
+        np.testing.assert_array_equal(a.response_ids, b.response_ids)
+        np.testing.assert_allclose(a.rollout_log_probs, b.rollout_log_probs, atol=1e-5)
+
+
+def test_prefill_packed_fills_the_padded_prefill_cache(cfg, model, sampler):
+    """Prompts packed end to end into one row of 192 tokens (three blocks of the banded attention, prompts crossing
+    block edges) write each prompt token's keys and values to the same cache slots as the left-padded prefill, and
+    nothing else."""
+    rng = np.random.default_rng(0)
+    prompts = [[BOS] + rng.integers(3, 64, size=n).tolist() for n in (15, 2, 9, 0, 13, 15, 11, 14, 15, 6, 12, 15, 14)]
+    width, r = 16, 4
+    u = len(prompts)
+    ids, mask = np.full((u, width), PAD, np.int32), np.zeros((u, width), np.int32)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):], mask[i, width - len(p):] = p, 1
+    packed = pack_prompts(ids, mask, cache_len=width + r - 1, pad_token_id=PAD)
+    assert packed.input_ids.shape == (1, 192)
+    assert (packed.slots < width + r - 1).sum() == sum(len(p) - 1 for p in prompts)
+    graphdef, state = nnx.split(model)
+    got = nnx.merge(graphdef, state).prefill_packed(
+        jnp.asarray(packed.input_ids), jnp.asarray(packed.positions),
+        PackedSegments(jnp.asarray(packed.segment_ids), window=width - 2), init_cache(cfg, u, width + r - 1),
+        jnp.asarray(packed.rows), jnp.asarray(packed.slots))
+    want = sampler._prefill_impl(state, jnp.asarray(ids), jnp.asarray(mask), max_new_tokens=r)
+    filled = np.zeros((u, width + r - 1), bool)
+    for i, p in enumerate(prompts):
+        filled[i, width - len(p): width - 1] = True
+    for g, w in ((got.k, want.k), (got.v, want.v)):
+        g, w = np.asarray(g), np.asarray(w)
+        np.testing.assert_allclose(g[:, filled], w[:, filled], atol=1e-5)
+        assert not g[:, ~filled].any()  # padding, the last prompt tokens and generated slots untouched
+        assert np.abs(w[:, filled]).min() > 0
+
+
+def test_packed_attention_equals_dense_masked_attention():
+    """The banded packed attention equals dense attention under the causal same-segment mask at every real query,
+    over several query blocks, with a window exactly the longest segment's reach."""
+    rng = np.random.default_rng(1)
+    lengths = [30, 5, 64, 1, 47, 20, 33]  # 200 tokens, then padding to 256
+    seg = np.zeros((1, 256), np.int32)
+    seg[0, :sum(lengths)] = np.repeat(np.arange(1, len(lengths) + 1), lengths)
+    q = jnp.asarray(rng.standard_normal((1, 256, 6, 8)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((1, 256, 2, 8)), jnp.float32) for _ in range(2))
+    got = np.asarray(packed_gqa_attention(q, k, v, PackedSegments(jnp.asarray(seg), window=max(lengths) - 1)))
+    idx = np.arange(256)
+    dense = (idx[None, :] <= idx[:, None]) & (seg[0][:, None] == seg[0][None, :]) & (seg[0] != 0)[None, :]
+    want = np.asarray(gqa_attention(q, k, v, jnp.asarray(dense[None])))
+    real = seg[0] != 0
+    np.testing.assert_allclose(got[0, real], want[0, real], atol=1e-5)
+    short = np.asarray(packed_gqa_attention(q, k, v, PackedSegments(jnp.asarray(seg), window=10)))
+    assert not np.allclose(short[0, real], want[0, real], atol=1e-3)  # a window shorter than a segment is wrong
+
+
+def test_pack_prompts_layout():
+    """Every prompt token but the last in exactly one cell with its row, left-padded slot and position, prompts in
+    order; the row's length a multiple of 64, on 8 sizes per doubling past 512; right-padded prompts refused."""
+    lengths = [7, 1, 4, 6, 3, 0, 5]
+    width, cache_len = 8, 12
+    ids = np.zeros((len(lengths), width), np.int32)
+    mask = np.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        ids[i, width - n:] = 100 * i + np.arange(n)
+        mask[i, width - n:] = 1
+    packed = pack_prompts(ids, mask, cache_len=cache_len, pad_token_id=0)
+    assert packed.input_ids.shape == (1, 64)
+    real = packed.slots < cache_len
+    total = sum(max(n - 1, 0) for n in lengths)
+    assert real.sum() == total and real[0, :total].all()
+    for i, n in enumerate(lengths):
+        cells = real & (packed.rows == i)
+        assert cells.sum() == max(n - 1, 0)
+        np.testing.assert_array_equal(packed.slots[cells], np.arange(width - n, width - 1))
+        np.testing.assert_array_equal(packed.positions[cells], np.arange(max(n - 1, 0)))
+        np.testing.assert_array_equal(packed.input_ids[cells], 100 * i + np.arange(max(n - 1, 0)))
+        assert (packed.segment_ids[cells] == i + 1).all()
+    np.testing.assert_array_equal(packed.segment_ids[real], np.sort(packed.segment_ids[real]))  # prompts in order
+    assert (packed.segment_ids[~real] == 0).all() and (packed.input_ids[~real] == 0).all()
+    assert [packed_length(n) for n in (1, 64, 65, 512, 513, 577, 1025, 1153, 2049)] == \
+        [64, 64, 128, 512, 576, 640, 1152, 1280, 2304]
+    with pytest.raises(ValueError, match="prompt 0 is not left-padded"):
+        pack_prompts(ids[::-1, ::-1].copy(), mask[::-1, ::-1].copy(), cache_len=cache_len, pad_token_id=0)
+
+
 def test_no_recompile_within_bucket(sampler):
     sampler.generate(PROMPTS, SamplingParams(do_sample=False, max_new_tokens=R))
     before = sampler.num_compiles
     # different prompt lengths (9..16 -> P=16), row counts (3..4 -> B=4), sampling controls and seeds
+    # (and the packed prefill's row: 9 + 2 + 14, 8 + 15 + 11 and 4 x 11 tokens all pack into one row of 64)
     sampler.generate([[BOS] * 9, [BOS] * 16, [BOS] * 12], SamplingParams(temperature=0.5, top_p=0.8, max_new_tokens=R))
     sampler.generate([[BOS, 3] * 6] * 4, SamplingParams(top_k=5, seed=9, max_new_tokens=R, stop_token_ids=(7, 8)))
     assert sampler.num_compiles == before
@@ -500,3 +596,15 @@ def test_stories260k_golden_greedy(shared):
     out = s.generate([[]], SamplingParams(do_sample=False, max_new_tokens=len(golden) - 1))
     assert out.prompt_ids[0, out.prompt_mask[0].astype(bool)].tolist() == golden[:1]
     assert out.response_token_lists()[0] == golden[1:]
+
+
+@pytest.mark.parametrize("override, packed", [([], True), (["actor_rollout_ref.rollout.packed_prefill=false"], False)])
+def test_config_key_packed_prefill_reaches_the_sampler(cfg, model, override, packed):
+    from types import SimpleNamespace
+
+    from jaxrl.config import load_config
+    from jaxrl.rollout.factory import make_rollout_engine
+
+    run_cfg = load_config("configs/quickstart.yaml", override)
+    engine = make_rollout_engine(run_cfg, cfg, *nnx.split(model), SimpleNamespace(pad_token_id=PAD))
+    assert isinstance(engine, JaxSampler) and engine.packed_prefill is packed
