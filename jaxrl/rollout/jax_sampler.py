@@ -104,8 +104,8 @@ class JaxSampler:
         is divisible by it, else replicated on the mesh.
       rules: with a mesh: the logical-axis rules the weights are laid out by (default
         :data:`sharding.rules.TENSOR_PARALLEL_RULES`); part of the declared :attr:`weight_format`.
-      packed_prefill: without a mesh, prefill the prompts' real tokens packed into rows (default) instead of the
-        left-padded ``[B, P]`` batch; the same cache up to float32 summation order. Ignored on a mesh.
+      packed_prefill: without a mesh, prefill the prompts' real tokens laid end to end in one row (default)
+        instead of the left-padded ``[B, P]`` batch; the same cache up to float32 summation order. Ignored on a mesh.
 
     Attributes:
       weight_format: the one weight format :meth:`update_weights` accepts (:class:`WeightFormat` ``"jax"``, on
@@ -285,8 +285,8 @@ class JaxSampler:
             )
         return cache if row_map is None else jax.tree.map(lambda x: jnp.take(x, row_map, axis=1), cache)
 
-    def _prefill_packed_impl(self, params, packed, row_map, *, shape: tuple[int, int]):
-        """:meth:`_prefill_impl` from prompts packed into rows (:func:`~jaxrl.rollout.prompt_packing.pack_prompts`).
+    def _prefill_packed_impl(self, params, packed, row_map, *, shape: tuple[int, int, int]):
+        """:meth:`_prefill_impl` from prompts packed into one row (:func:`~jaxrl.rollout.prompt_packing.pack_prompts`).
 
         Args: packed: the :class:`~jaxrl.rollout.prompt_packing.PackedPrompts` arrays int32 [1, N]; row_map int32
         [B] (row ``b`` of the returned cache is prompt ``row_map[b]``'s); shape: static ``(U, cache_len, P)``, the
