@@ -77,7 +77,7 @@ class ValueModel(nnx.Module):
 
     def __call__(
         self, input_ids: jax.Array, positions: jax.Array, attention_mask: jax.Array, activation_sharding=None,
-        segment_ids: jax.Array | None = None, remat: bool | None = None,
+        segment_ids: jax.Array | None = None, remat: bool | None = None, segment_cols: jax.Array | None = None,
     ) -> jax.Array:
         """Values at every position.
 
@@ -88,6 +88,7 @@ class ValueModel(nnx.Module):
           activation_sharding: optional sharding of the backbone's residual stream (see ``Decoder``).
           segment_ids: optional ``[B, T]`` int: packed rows, attention kept inside each segment (see ``Decoder``).
           remat: the backbone's ``remat=`` (None = its setting; False for a forward never differentiated).
+          segment_cols: optional ``[B, S, L]`` int32 with ``segment_ids``: attention per segment (see ``Decoder``).
 
         Returns:
           ``[B, T]`` float32: ``V`` at position ``t`` is the value of the state after reading tokens
@@ -95,7 +96,7 @@ class ValueModel(nnx.Module):
         """
         hidden, _ = self.backbone(
             input_ids, positions, attention_mask, return_hidden=True, activation_sharding=activation_sharding,
-            segment_ids=segment_ids, remat=remat,
+            segment_ids=segment_ids, remat=remat, segment_cols=segment_cols,
         )
         head = self.value_head[...].astype(jnp.float32)
         values = jnp.einsum("bth,ho->bto", hidden.astype(jnp.float32), head)[..., 0]

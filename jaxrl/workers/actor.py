@@ -101,7 +101,8 @@ def _packed_hidden(graphdef, params, micro, activation_sharding=None, remat=None
     model = nnx.merge(graphdef, params)
     seg = micro["segment_ids"]
     hidden, _ = model(micro["input_ids"], micro["positions"], seg != 0, return_hidden=True,
-                      activation_sharding=activation_sharding, segment_ids=seg, remat=remat)
+                      activation_sharding=activation_sharding, segment_ids=seg, remat=remat,
+                      segment_cols=micro.get("segment_cols"))
     # the LM head only on the K scoring columns (real response tokens), as the padded path takes only R columns
     return model, at_scores(hidden, micro["score_cols"])
 
@@ -110,7 +111,8 @@ def _forward_packed(graphdef, params, micro, temperature, activation_sharding=No
     """Logits at the scoring columns of packed rows (:func:`jaxrl.workers.packing.packed_micro`).
 
     Args:
-      micro: ``input_ids`` / ``positions`` / ``segment_ids`` ``[G, T]`` and ``score_cols`` ``[G, K]`` int32.
+      micro: ``input_ids`` / ``positions`` / ``segment_ids`` ``[G, T]``, ``segment_cols`` ``[G, S, L]`` and
+        ``score_cols`` ``[G, K]`` int32.
       temperature: logits are divided by it.
       remat: the decoder's ``remat=`` (None = the model's setting; False for a forward never differentiated).
 

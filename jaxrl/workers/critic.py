@@ -62,7 +62,7 @@ def forward_packed_values(graphdef, params, micro, activation_sharding=None, rem
     model = nnx.merge(graphdef, params)
     seg = micro["segment_ids"]
     values = model(micro["input_ids"], micro["positions"], seg != 0, activation_sharding=activation_sharding,
-                   segment_ids=seg, remat=remat)
+                   segment_ids=seg, remat=remat, segment_cols=micro.get("segment_cols"))
     return to_slots(at_scores(values, micro["score_cols"]), micro["slot_index"], micro["response_mask"])
 
 

@@ -32,7 +32,7 @@ __all__ = ["PACKED_KEYS", "at_scores", "micro_layout", "packed_micro", "padded_m
 
 # Per-row arrays of the padded layout that the packed layout replaces by its own.
 _PADDED_ONLY = ("input_ids", "positions", "attention_mask")
-PACKED_KEYS = ("input_ids", "positions", "segment_ids", "score_cols", "score_ids", "slot_index")
+PACKED_KEYS = ("input_ids", "positions", "segment_ids", "segment_cols", "score_cols", "score_ids", "slot_index")
 
 
 def spans(attention_mask: np.ndarray, prompt_width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -90,10 +90,12 @@ def packed_micro(arrays: dict[str, np.ndarray], slots: np.ndarray, prompt_width:
 
     Returns:
       the response arrays as :func:`padded_micro` gives them (``[G x S, R]``), plus ``input_ids``, ``positions``,
-      ``segment_ids`` ``[G, T]`` int32, ``score_cols`` / ``score_ids`` ``[G, K]`` int32 (the column before each
-      response token and that token's id; 0 on padding) and ``slot_index`` ``[G, S x R]`` int32 (index into the
-      row's ``K`` scoring columns; 0 where the response mask is 0). ``T`` is bucketed on the fine grid (the
-      model's cost), ``K`` on powers of two (the LM head's), as ``S`` is by the planner.
+      ``segment_ids`` ``[G, T]`` int32, ``segment_cols`` ``[G, S, P + R]`` int32 (the column of token ``p`` of the
+      sequence in slot ``s``, ``T`` past its end: the decoder's per-segment attention), ``score_cols`` /
+      ``score_ids`` ``[G, K]`` int32 (the column before each response token and that token's id; 0 on padding) and
+      ``slot_index`` ``[G, S x R]`` int32 (index into the row's ``K`` scoring columns; 0 where the response mask is
+      0). ``T`` is bucketed on the fine grid (the model's cost), ``K`` on powers of two (the LM head's), as ``S`` is
+      by the planner.
     """
     g, s = slots.shape
     ids, mask = arrays["input_ids"], arrays["attention_mask"]
@@ -111,6 +113,7 @@ def packed_micro(arrays: dict[str, np.ndarray], slots: np.ndarray, prompt_width:
     input_ids = np.zeros((g, t), np.int32)
     positions = np.zeros((g, t), np.int32)
     segment_ids = np.zeros((g, t), np.int32)
+    segment_cols = np.full((g, s, ids.shape[1]), t, np.int32)  # t: no token there
     score_cols = np.zeros((g, k), np.int32)
     score_ids = np.zeros((g, k), np.int32)
     slot_index = np.zeros((g, s, r), np.int32)
@@ -123,6 +126,7 @@ def packed_micro(arrays: dict[str, np.ndarray], slots: np.ndarray, prompt_width:
             input_ids[d, col : col + n] = ids[i, start[i] : end[i]]
             positions[d, col : col + n] = np.arange(n)
             segment_ids[d, col : col + n] = j + 1
+            segment_cols[d, j, :n] = np.arange(col, col + n)
             nr = int(end[i] - prompt_width)  # response tokens; token q is scored at the column before it
             first = col + int(prompt_width - start[i])  # column of response token 0
             score_cols[d, kcol : kcol + nr] = np.arange(first - 1, first - 1 + nr)
@@ -130,7 +134,8 @@ def packed_micro(arrays: dict[str, np.ndarray], slots: np.ndarray, prompt_width:
             slot_index[d, j, :nr] = np.arange(kcol, kcol + nr)
             col += n
             kcol += nr
-    out.update(input_ids=input_ids, positions=positions, segment_ids=segment_ids, score_cols=score_cols,
+    out.update(input_ids=input_ids, positions=positions, segment_ids=segment_ids, segment_cols=segment_cols,
+               score_cols=score_cols,
                score_ids=score_ids, slot_index=slot_index.reshape(g, s * r))
     return out
 

@@ -18,7 +18,7 @@ import pytest
 from flax import nnx
 
 from jaxrl.batch import RLBatch
-from jaxrl.models.decoder import Decoder
+from jaxrl.models.decoder import Decoder, SegmentLayout, gqa_attention, segment_gqa_attention
 from jaxrl.models.value_model import ValueModel
 from jaxrl.workers.actor import ActorWorker, LogProbComputer
 from jaxrl.workers.critic import CriticWorker
@@ -121,6 +121,11 @@ def test_packed_layout_places_every_real_token():
             cols = np.flatnonzero(seg[d] == j + 1)
             np.testing.assert_array_equal(micro["input_ids"][d, cols], ids[i, start[i]:end[i]])
             np.testing.assert_array_equal(pos[d, cols], np.arange(end[i] - start[i]))  # restart per segment
+            n = end[i] - start[i]  # the per-segment attention's gather: slot j's tokens in order, then "none" (T)
+            want = np.r_[cols, np.full(ids.shape[1] - n, seg.shape[1])]
+            np.testing.assert_array_equal(micro["segment_cols"][d, j], want)
+    empty = slots < 0
+    assert (micro["segment_cols"][empty] == seg.shape[1]).all()
     # scoring columns hold the token before each response token; their ids are the response tokens
     resp = micro["response_mask"].reshape(2, -1)
     for d in range(2):
@@ -149,6 +154,49 @@ def test_packed_log_probs_and_entropies_equal_padded(policy):
         np.testing.assert_allclose(lp, lp0, rtol=0, atol=ATOL, err_msg=str(kw))
         np.testing.assert_allclose(ent, ent0, rtol=0, atol=ATOL, err_msg=str(kw))
         assert np.all(lp[batch.response_mask == 0] == 0) and np.all(ent[batch.response_mask == 0] == 0)
+
+
+def test_per_segment_attention_equals_the_segment_mask(policy):
+    """Decoder(segment_cols=...) (attention gathered per segment into a padded layout) gives the hidden states and
+    parameter gradient of the dense [G, T, T] same-segment mask at every real token."""
+    graphdef, params = policy
+    batch = ragged_batch(n=7, seed=5)
+    mask = batch.attention_mask()
+    arrays = {"input_ids": batch.input_ids(), "attention_mask": mask, "positions": batch.positions(),
+              "response_mask": batch.response_mask.astype(np.float32)}
+    micro = packed_micro(arrays, chunk_slots(np.arange(batch.size), real_lengths(mask), 2), P)
+    ids, pos, seg = (jnp.asarray(micro[k]) for k in ("input_ids", "positions", "segment_ids"))
+    cols = jnp.asarray(micro["segment_cols"])
+    assert cols.shape[1] >= 3  # several sequences share a row
+
+    def hidden(p, with_cols):
+        return nnx.merge(graphdef, p)(ids, pos, seg != 0, return_hidden=True, segment_ids=seg,
+                                      segment_cols=cols if with_cols else None)[0]
+
+    real = np.asarray(seg) != 0
+    np.testing.assert_allclose(np.asarray(hidden(params, True))[real], np.asarray(hidden(params, False))[real],
+                               atol=1e-5)
+    weight = jnp.where(seg[..., None] != 0, 1.0, 0.0)
+    grads = [jax.grad(lambda p, c=c: ((hidden(p, c) * weight) ** 2).sum())(params) for c in (True, False)]
+    for g_cols, g_mask in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1]), strict=True):
+        np.testing.assert_allclose(np.asarray(g_cols), np.asarray(g_mask), atol=2e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="segment_cols must be"):
+        nnx.merge(graphdef, params)(ids, pos, seg != 0, segment_cols=cols)  # without segment_ids
+    # the path is taken (its scatter back from the per-segment layout is in the program), and the attention alone
+    # equals dense masked attention on random inputs
+    assert "scatter" in str(jax.make_jaxpr(lambda p: hidden(p, True))(params))
+    assert "scatter" not in str(jax.make_jaxpr(lambda p: hidden(p, False))(params))
+    g, t = seg.shape
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((g, t, 4, 8)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((g, t, 2, 8)), jnp.float32) for _ in range(2))
+    length = cols.shape[2]
+    layout = SegmentLayout(cols, jnp.tril(jnp.ones((length, length), bool))[None]
+                           & (cols < t).reshape(-1, 1, length))
+    idx = jnp.arange(t)
+    dense = (idx[None, :, None] >= idx[None, None, :]) & (seg[:, :, None] == seg[:, None, :]) & (seg != 0)[:, None]
+    np.testing.assert_allclose(np.asarray(segment_gqa_attention(q, k, v, layout))[real],
+                               np.asarray(gqa_attention(q, k, v, dense))[real], atol=1e-5)
 
 
 def test_decoder_without_segment_ids_is_unchanged(policy):
