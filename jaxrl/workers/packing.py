@@ -8,8 +8,9 @@ A micro-batch's *slots* ``[G, S]`` (:mod:`jaxrl.workers.seqlen`) name the batch 
 * **packed** (:func:`packed_micro`, ``use_remove_padding=True``): each device's sequences laid end to end in one row
   of ``T`` tokens, padding only at the row's end. verl packs the same way (``unpad_input`` into one
   ``(1, total_nnz)`` row with ``cu_seqlens``); here a row carries ``segment_ids`` (1, 2, ... per sequence, 0 on
-  padding) and ``positions`` restarting at 0 per sequence, and the decoder keeps attention inside a segment
-  (:class:`jaxrl.models.decoder.Decoder`, ``segment_ids=``). The per-response arrays the losses read stay
+  padding), ``positions`` restarting at 0 per sequence and ``segment_cols`` (each sequence's columns, playing
+  ``cu_seqlens``' part), and the decoder attends per segment (:class:`jaxrl.models.decoder.Decoder`,
+  ``segment_ids=`` / ``segment_cols=``: :class:`~jaxrl.models.decoder.SegmentLayout`). The per-response arrays the losses read stay
   ``[G x S, R]`` (the same rows as the padded layout), and two index arrays connect them to the packed row:
   ``score_cols [G, K]``, the column of the token *before* each response token (where its logits / value are
   read), and ``slot_index [G, S x R]``, where response token ``j`` of slot ``s`` sits among the row's ``K``
