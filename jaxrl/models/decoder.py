@@ -215,59 +215,6 @@ def causal_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Arr
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, nh, d).astype(q.dtype)
 
 
-class PackedSegments(NamedTuple):
-    """The keys each query of packed rows may see, stated by segments instead of a dense ``[B, T, T]`` mask: query
-    ``t`` attends to keys ``s <= t`` of its own segment. Passed as an attention block's ``mask`` (no KV cache).
-
-    Attributes:
-        segment_ids: ``[B, T]`` int, one id per sequence within a row, 0 on padding (seen by no query).
-        window: static int >= 0: no segment is longer than ``window + 1`` tokens, so query ``t`` needs keys
-            ``[t - window, t]`` only.
-    """
-
-    segment_ids: jax.Array
-    window: int
-
-
-PACKED_QUERY_BLOCK = 64  # query block of :func:`packed_gqa_attention`
-
-
-def packed_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, segments: PackedSegments) -> jax.Array:
-    """:func:`gqa_attention` over packed rows of short segments, as a band: each block of
-    :data:`PACKED_QUERY_BLOCK` queries scores only the ``block + window`` keys before its end that a segment can
-    reach, so the work is ``T x (block + window)`` instead of ``T x T``; all blocks are one batched computation.
-
-    Args:
-        q: ``[B, T, nH, D]``; ``T`` a multiple of the block (or smaller than it).
-        k, v: ``[B, T, nKV, D]`` of the same positions.
-        segments: :class:`PackedSegments` ``[B, T]``.
-
-    Returns:
-        ``[B, T, nH, D]`` in ``q.dtype``, equal to ``gqa_attention`` with the causal same-segment mask (up to float32
-        summation order) at every query of a segment; padding queries get a finite average.
-
-    Raises:
-        ValueError: ``T`` is not a multiple of the block, or ``k`` / ``v`` / ``segment_ids`` not over ``T``.
-    """
-    b, t, nh, d = q.shape
-    block = min(PACKED_QUERY_BLOCK, t)
-    seg = segments.segment_ids
-    if t % block or k.shape[1] != t or v.shape[1] != t or seg.shape != (b, t):
-        raise ValueError(f"packed attention needs T ({t}) a multiple of {block} and keys, values and segment ids over "
-                         f"the same T; got k {k.shape}, v {v.shape}, segment_ids {seg.shape}")
-    nb = t // block
-    width = min(t, block + int(segments.window))
-    starts = np.clip(np.arange(nb) * block + block - width, 0, t - width)
-    kidx = starts[:, None] + np.arange(width)[None, :]  # [nb, width] static key positions of each block
-    qidx = np.arange(t).reshape(nb, block)
-    qseg, kseg = seg.reshape(b, nb, block), seg[:, kidx]
-    mask = (kidx[None, :, None, :] <= qidx[None, :, :, None]) & (kseg[:, :, None, :] == qseg[:, :, :, None])
-    mask = mask & (kseg != 0)[:, :, None, :]
-    out = gqa_attention(q.reshape(b * nb, block, nh, d), k[:, kidx].reshape(b * nb, width, *k.shape[2:]),
-                        v[:, kidx].reshape(b * nb, width, *v.shape[2:]), mask.reshape(b * nb, block, width))
-    return out.reshape(b, t, nh, d)
-
-
 class SegmentLayout(NamedTuple):
     """Packed rows' attention computed per segment (verl's varlen attention, flash-attn's ``cu_seqlens``, in static
     shapes): each layer's queries, keys and values are gathered from the packed ``[B, T]`` rows into a padded
@@ -283,6 +230,14 @@ class SegmentLayout(NamedTuple):
 
     cols: jax.Array
     mask: jax.Array
+
+
+def segment_layout(segment_cols: jax.Array, t: int) -> SegmentLayout:
+    """The :class:`SegmentLayout` of ``segment_cols`` ``[B, S, L]`` over packed rows of ``t`` columns (its mask:
+    causal within each segment's ``L`` positions, over the real ones, those ``< t``)."""
+    b, s, length = segment_cols.shape
+    real = (segment_cols < t).reshape(b * s, 1, length)
+    return SegmentLayout(segment_cols, jnp.tril(jnp.ones((length, length), bool))[None] & real)
 
 
 def segment_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: SegmentLayout) -> jax.Array:
@@ -405,7 +360,7 @@ class Attention(nnx.Module):
         return _with_lora(self.lora, name, x, y)
 
     def __call__(self, x, cos, sin, mask, k_cache, v_cache, cache_index, layer=None):
-        """``x`` ``[B, T, H]``; ``mask`` ``[B, T, S]`` (or, without a cache, :class:`PackedSegments`);
+        """``x`` ``[B, T, H]``; ``mask`` ``[B, T, S]`` (or, without a cache, :class:`SegmentLayout`);
         ``k_cache/v_cache``: the model's whole cache ``[L, B, S, nKV, D]`` with ``layer`` the index of this block, or
         None (no cache).
 
@@ -438,11 +393,9 @@ class Attention(nnx.Module):
             v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype)[None], start)
             k_all, v_all = k_cache[layer].astype(self.dtype), v_cache[layer].astype(self.dtype)
             k, v = k_cache, v_cache
-        # no cache: the mask the decoder builds is causal over this chunk's own positions (or packed segments)
+        # no cache: the mask the decoder builds is causal over this chunk's own positions (or per packed segment)
         if k_cache is not None:
             attend = gqa_attention
-        elif isinstance(mask, PackedSegments):
-            attend = packed_gqa_attention
         elif isinstance(mask, SegmentLayout):
             attend = segment_gqa_attention
         else:
@@ -677,9 +630,7 @@ class Decoder(nnx.Module):
         causal = k_slots <= q_slots[..., None]  # [T, S] or [B, T, S]
         mask = (causal if causal.ndim == 3 else causal[None]) & (attention_mask != 0)[:, None, :]
         if segment_cols is not None:  # packed rows, attended per segment in a padded layout
-            n_seg, length = segment_cols.shape[1:]
-            real = (segment_cols < t).reshape(b * n_seg, 1, length)
-            mask = SegmentLayout(segment_cols, jnp.tril(jnp.ones((length, length), bool))[None] & real)
+            mask = segment_layout(segment_cols, t)
         elif segment_ids is not None:  # packed rows: attention stays inside each sequence
             mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
 
@@ -717,22 +668,23 @@ class Decoder(nnx.Module):
             return x, new_cache
         return self.logits(x), new_cache
 
-    def prefill_packed(self, input_ids: jax.Array, positions: jax.Array, segments: PackedSegments, cache: KVCache,
+    def prefill_packed(self, input_ids: jax.Array, positions: jax.Array, segment_cols: jax.Array, cache: KVCache,
                        rows: jax.Array, slots: jax.Array) -> KVCache:
         """Fill a KV cache from prompts packed into rows: the keys/values of token ``(k, w)`` of the packed rows go
         to cache row ``rows[k, w]``, slot ``slots[k, w]``.
 
-        Several prompts share a packed row (``segments`` tells them apart; attention stays inside a segment and is
-        causal in it, :func:`packed_gqa_attention`), so the work scales with the prompts' real tokens, not with
-        batch x the longest prompt. A forward without a cache computes each layer's keys/values, which are
-        scattered into the cache; nothing after the last block's attention input is used (no final norm, no
-        logits). The keys/values equal those of :meth:`__call__` on the left-padded prompts with the cache (up to
-        float32 summation order): a token's keys/values depend only on the tokens before it in its own prompt.
+        Several prompts share a packed row (``segment_cols`` says where each prompt's tokens sit; attention runs per
+        prompt, :func:`segment_gqa_attention`), so the projections scale with the prompts' real tokens, not with
+        batch x the longest prompt. A forward without a cache computes each layer's keys/values, which are scattered
+        into the cache; nothing after the last block's attention input is used (no final norm, no logits). The
+        keys/values equal those of :meth:`__call__` on the left-padded prompts with the cache (up to float32
+        summation order): a token's keys/values depend only on the tokens before it in its own prompt.
 
         Args:
             input_ids: ``[K, W]`` int token ids of ``K`` packed rows of ``W`` tokens.
-            positions: ``[K, W]`` int RoPE positions, restarting at 0 for each segment.
-            segments: :class:`PackedSegments` (``segment_ids [K, W]``, 0 on padding; the static ``window``).
+            positions: ``[K, W]`` int RoPE positions, restarting at 0 for each prompt.
+            segment_cols: ``[K, S, L]`` int32: the column of token ``p`` of the row's ``s``-th prompt, ``>= W`` where
+                there is none (:class:`SegmentLayout`).
             cache: :class:`KVCache` ``[L, B, S, nKV, D]`` to write into (in a jitted caller, usually all zeros).
             rows, slots: ``[K, W]`` int32 destination of each token; a slot ``>= S`` (padding) is dropped.
 
@@ -740,22 +692,26 @@ class Decoder(nnx.Module):
             the cache with every non-dropped token's keys/values written (post-RoPE, in the cache dtype).
 
         Raises:
-            ValueError: shapes differ from ``[K, W]``, or the decoder holds its layers in the scan layout.
+            ValueError: shapes differ from ``[K, W]`` / ``[K, S, L]``, or the decoder holds its layers in the scan
+                layout.
         """
         k_rows, width = input_ids.shape
-        for name, arr in (("positions", positions), ("segment_ids", segments.segment_ids), ("rows", rows),
-                          ("slots", slots)):
+        for name, arr in (("positions", positions), ("rows", rows), ("slots", slots)):
             if arr.shape != (k_rows, width):
                 raise ValueError(f"prefill_packed: {name} must have shape {(k_rows, width)} like input_ids; "
                                  f"got {arr.shape}")
+        if segment_cols.ndim != 3 or segment_cols.shape[0] != k_rows:
+            raise ValueError(f"prefill_packed: segment_cols must be [{k_rows}, prompts, length]; got "
+                             f"{segment_cols.shape}")
         if isinstance(self.layers, StackedBlocks):
             raise ValueError("prefill_packed needs the per-layer weights (jaxrl.models.scan_layout.unstack_layers); "
                              "the decoder holds the scan layout")
+        layout = segment_layout(segment_cols, width)
         cos, sin = rope_cos_sin(positions, np.asarray(self.inv_freq, np.float32))
         x = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(self.dtype)
         new_k, new_v = cache.k, cache.v
         for i, block in enumerate(self.layers):
-            x, k, v = _call_block(block, x, cos, sin, segments, None, None, None)
+            x, k, v = _call_block(block, x, cos, sin, layout, None, None, None)
             new_k = new_k.at[i, rows, slots].set(k.astype(new_k.dtype), mode="drop")
             new_v = new_v.at[i, rows, slots].set(v.astype(new_v.dtype), mode="drop")
         return KVCache(new_k, new_v)

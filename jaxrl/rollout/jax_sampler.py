@@ -13,8 +13,8 @@ Generation is two jitted programs per shape bucket:
 **Packed prefill** (without a mesh, ``packed_prefill=True``, the default): the prefill runs only the prompts' real
 tokens, laid end to end in one row (:mod:`jaxrl.rollout.prompt_packing`, :meth:`Decoder.prefill_packed`), and
 scatters each token's keys/values to its slot of the left-padded cache layout above: the same cache (up to float32
-summation order) for ``sum(prompt lengths)`` positions of work instead of ``B x P``. SmolLM2-135M, 64 prompts of
-15-24 tokens (``P`` = 32), 2-core CPU: prefill 2.15 -> 1.40 s; 32 prompts 1.10 -> 0.75 s.
+summation order) for ``sum(prompt lengths)`` positions of projections instead of ``B x P``, attention per prompt.
+SmolLM2-135M, 64 prompts of 15-24 tokens (``P`` = 32), 2-core CPU: prefill 2.06 -> 1.32 s; 32 prompts 1.10 -> 0.65 s.
 
 **One prefill per distinct prompt** (without a mesh): the ``n`` samples of a prompt share its prompt, so the prefill
 runs on the chunk's distinct prompts only (batch bucketed as below) and copies each prompt's cache slots to its ``n``
@@ -54,7 +54,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl.distributed import to_global, to_host
 from jaxrl.models.config import ModelConfig
-from jaxrl.models.decoder import PackedSegments, init_cache
+from jaxrl.models.decoder import init_cache
 from jaxrl.models.scan_layout import is_scan_layout, unstack_layers, unstacked_copy
 from jaxrl.rollout.base import RolloutOutput, SamplingParams, WeightFormatError, check_prompts
 from jaxrl.rollout.prompt_packing import pack_prompts
@@ -285,20 +285,19 @@ class JaxSampler:
             )
         return cache if row_map is None else jax.tree.map(lambda x: jnp.take(x, row_map, axis=1), cache)
 
-    def _prefill_packed_impl(self, params, packed, row_map, *, shape: tuple[int, int, int]):
+    def _prefill_packed_impl(self, params, packed, row_map, *, shape: tuple[int, int]):
         """:meth:`_prefill_impl` from prompts packed into one row (:func:`~jaxrl.rollout.prompt_packing.pack_prompts`).
 
-        Args: packed: the :class:`~jaxrl.rollout.prompt_packing.PackedPrompts` arrays int32 [1, N]; row_map int32
-        [B] (row ``b`` of the returned cache is prompt ``row_map[b]``'s); shape: static ``(U, cache_len, P)``, the
-        prompts and slots per row of the cache the packed tokens are written into, and the prompt width.
+        Args: packed: the :class:`~jaxrl.rollout.prompt_packing.PackedPrompts` arrays ([1, N]); row_map int32
+        [B] (row ``b`` of the returned cache is prompt ``row_map[b]``'s); shape: static ``(U, cache_len)``, the
+        prompts and slots per row of the cache the packed tokens are written into.
         Returns: KVCache [L, B, cache_len, nKV, D], the same slots filled as by :meth:`_prefill_impl`.
         """
         self._num_traces += 1
-        prompts, cache_len, width = shape
-        cache = init_cache(self.model_cfg, prompts, cache_len, self.cache_dtype)
+        cache = init_cache(self.model_cfg, *shape, self.cache_dtype)
         model = nnx.merge(self._graphdef, params)
-        segments = PackedSegments(packed.segment_ids, window=max(width - 2, 0))  # a prompt's P - 1 prefilled tokens
-        cache = model.prefill_packed(packed.input_ids, packed.positions, segments, cache, packed.rows, packed.slots)
+        cache = model.prefill_packed(packed.input_ids, packed.positions, packed.segment_cols, cache, packed.rows,
+                                     packed.slots)
         return jax.tree.map(lambda x: jnp.take(x, row_map, axis=1), cache)
 
     def _decode_impl(self, params, cache, input_ids, prompt_mask, row_ids, row_valid, stop_ids, controls):
@@ -458,7 +457,7 @@ class JaxSampler:
                 ids_u, mask_u, row_map = distinct
                 packed = pack_prompts(ids_u, mask_u, cache_len=width + r - 1, pad_token_id=self.pad_token_id)
                 cache = self._prefill_packed_jit(weights, jax.tree.map(jnp.asarray, packed), jnp.asarray(row_map),
-                                                 shape=(len(ids_u), width + r - 1, width))
+                                                 shape=(len(ids_u), width + r - 1))
             else:  # one prefill per distinct prompt, its slots copied to the prompt's rows
                 cache = self._prefill_jit(weights, *map(jnp.asarray, distinct), max_new_tokens=r)
             ids, mask, logp, steps, cache = self._decode(

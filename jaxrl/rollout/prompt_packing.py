@@ -2,10 +2,11 @@
 
 The sampler's KV cache keeps each prompt left-padded to the chunk's prompt width ``P`` (the decode loop reads it so).
 Prefilling that padded ``[U, P]`` batch computes ``U x P`` positions however short the prompts are; laying the
-prompts end to end in one row computes only their real tokens, and each token's keys/values are scattered to its
-cache row and slot (:meth:`jaxrl.models.decoder.Decoder.prefill_packed`, whose attention looks back at most ``P - 2``
-positions, so it costs ``N x (64 + P)`` scores, not ``N^2``). vLLM's prefill likewise runs the real tokens of all
-prompts as one flattened batch (verl's ``use_remove_padding`` packs the training forward the same way).
+prompts end to end in one row runs the projections on their real tokens only, and each token's keys/values are
+scattered to its cache row and slot (:meth:`jaxrl.models.decoder.Decoder.prefill_packed`; its attention runs per
+prompt, gathered into the padded layout, :class:`~jaxrl.models.decoder.SegmentLayout`, never across the row). vLLM's
+prefill likewise runs the real tokens of all prompts as one flattened batch (verl's ``use_remove_padding`` packs the
+training forward the same way, and so does jaxrl's).
 
 The row's length is rounded up (:func:`packed_length`) so that few programs compile.
 """
@@ -18,16 +19,19 @@ import numpy as np
 
 __all__ = ["PackedPrompts", "pack_prompts"]
 
-BLOCK = 64  # the packed row's length is a multiple of this (the query block of the banded attention)
+BLOCK = 64  # the packed row's length is a multiple of this
 
 
 class PackedPrompts(NamedTuple):
-    """Prefill inputs of prompts packed end to end into one row of ``N`` tokens (all int32 ``[1, N]``).
+    """Prefill inputs of prompts packed end to end into one row of ``N`` tokens (int32 ``[1, N]``, but
+    ``segment_cols``).
 
     Attributes:
       input_ids: token ids (the pad id on padding).
       positions: RoPE position of each token in its prompt (0, 1, ...; 0 on padding).
       segment_ids: ``u + 1`` on the tokens of prompt ``u``, 0 on padding.
+      segment_cols: int32 ``[1, U, P - 1]``: the column of token ``j`` of prompt ``u``, ``N`` where it has none (the
+        decoder's per-prompt attention gathers by it).
       rows: the prompt (cache row) each token belongs to (0 on padding).
       slots: the cache slot of each token, its column in the left-padded ``[U, P]`` layout; ``cache_len`` (out of
         range, so the scatter drops it) on padding.
@@ -36,6 +40,7 @@ class PackedPrompts(NamedTuple):
     input_ids: np.ndarray
     positions: np.ndarray
     segment_ids: np.ndarray
+    segment_cols: np.ndarray
     rows: np.ndarray
     slots: np.ndarray
 
@@ -88,4 +93,9 @@ def pack_prompts(input_ids: np.ndarray, prompt_mask: np.ndarray, *, cache_len: i
     out["segment_ids"][0, :n] = rows_u + 1
     out["rows"][0, :n] = rows_u
     out["slots"][0, :n] = cols_u
-    return PackedPrompts(**out)
+    # token j of prompt u sits at packed column (u's first column) + j
+    segment_cols = np.full((1, u, max(p - 1, 1)), width, np.int32)
+    first = np.r_[0, np.cumsum(np.maximum(lengths - 1, 0))[:-1]]
+    for i in range(u):
+        segment_cols[0, i, : max(int(lengths[i]) - 1, 0)] = first[i] + np.arange(max(int(lengths[i]) - 1, 0))
+    return PackedPrompts(**out, segment_cols=segment_cols)

@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 from jaxrl.models.config import ModelConfig
-from jaxrl.models.decoder import Decoder, PackedSegments, gqa_attention, init_cache, packed_gqa_attention
+from jaxrl.models.decoder import Decoder, init_cache
 from jaxrl.rollout import JaxSampler, RolloutEngine, RolloutOutput, SamplingParams
 from jaxrl.rollout import sampling
 from jaxrl.rollout.prompt_packing import pack_prompts, packed_length
@@ -400,9 +400,8 @@ def test_packed_prefill_samples_what_padded_prefill_samples(cfg, model, sampler)
 
 
 def test_prefill_packed_fills_the_padded_prefill_cache(cfg, model, sampler):
-    """Prompts packed end to end into one row of 192 tokens (three blocks of the banded attention, prompts crossing
-    block edges) write each prompt token's keys and values to the same cache slots as the left-padded prefill, and
-    nothing else."""
+    """Prompts packed end to end into one row of 192 tokens write each prompt token's keys and values to the same
+    cache slots as the left-padded prefill, and nothing else."""
     rng = np.random.default_rng(0)
     prompts = [[BOS] + rng.integers(3, 64, size=n).tolist() for n in (15, 2, 9, 0, 13, 15, 11, 14, 15, 6, 12, 15, 14)]
     width, r = 16, 4
@@ -415,9 +414,8 @@ def test_prefill_packed_fills_the_padded_prefill_cache(cfg, model, sampler):
     assert (packed.slots < width + r - 1).sum() == sum(len(p) - 1 for p in prompts)
     graphdef, state = nnx.split(model)
     got = nnx.merge(graphdef, state).prefill_packed(
-        jnp.asarray(packed.input_ids), jnp.asarray(packed.positions),
-        PackedSegments(jnp.asarray(packed.segment_ids), window=width - 2), init_cache(cfg, u, width + r - 1),
-        jnp.asarray(packed.rows), jnp.asarray(packed.slots))
+        jnp.asarray(packed.input_ids), jnp.asarray(packed.positions), jnp.asarray(packed.segment_cols),
+        init_cache(cfg, u, width + r - 1), jnp.asarray(packed.rows), jnp.asarray(packed.slots))
     want = sampler._prefill_impl(state, jnp.asarray(ids), jnp.asarray(mask), max_new_tokens=r)
     filled = np.zeros((u, width + r - 1), bool)
     for i, p in enumerate(prompts):
@@ -429,28 +427,10 @@ def test_prefill_packed_fills_the_padded_prefill_cache(cfg, model, sampler):
         assert np.abs(w[:, filled]).min() > 0
 
 
-def test_packed_attention_equals_dense_masked_attention():
-    """The banded packed attention equals dense attention under the causal same-segment mask at every real query,
-    over several query blocks, with a window exactly the longest segment's reach."""
-    rng = np.random.default_rng(1)
-    lengths = [30, 5, 64, 1, 47, 20, 33]  # 200 tokens, then padding to 256
-    seg = np.zeros((1, 256), np.int32)
-    seg[0, :sum(lengths)] = np.repeat(np.arange(1, len(lengths) + 1), lengths)
-    q = jnp.asarray(rng.standard_normal((1, 256, 6, 8)), jnp.float32)
-    k, v = (jnp.asarray(rng.standard_normal((1, 256, 2, 8)), jnp.float32) for _ in range(2))
-    got = np.asarray(packed_gqa_attention(q, k, v, PackedSegments(jnp.asarray(seg), window=max(lengths) - 1)))
-    idx = np.arange(256)
-    dense = (idx[None, :] <= idx[:, None]) & (seg[0][:, None] == seg[0][None, :]) & (seg[0] != 0)[None, :]
-    want = np.asarray(gqa_attention(q, k, v, jnp.asarray(dense[None])))
-    real = seg[0] != 0
-    np.testing.assert_allclose(got[0, real], want[0, real], atol=1e-5)
-    short = np.asarray(packed_gqa_attention(q, k, v, PackedSegments(jnp.asarray(seg), window=10)))
-    assert not np.allclose(short[0, real], want[0, real], atol=1e-3)  # a window shorter than a segment is wrong
-
-
 def test_pack_prompts_layout():
-    """Every prompt token but the last in exactly one cell with its row, left-padded slot and position, prompts in
-    order; the row's length a multiple of 64, on 8 sizes per doubling past 512; right-padded prompts refused."""
+    """Every prompt token but the last in exactly one cell with its row, left-padded slot, position and column in
+    ``segment_cols``, prompts in order; the row's length a multiple of 64, on 8 sizes per doubling past 512;
+    right-padded prompts refused."""
     lengths = [7, 1, 4, 6, 3, 0, 5]
     width, cache_len = 8, 12
     ids = np.zeros((len(lengths), width), np.int32)
@@ -470,6 +450,9 @@ def test_pack_prompts_layout():
         np.testing.assert_array_equal(packed.positions[cells], np.arange(max(n - 1, 0)))
         np.testing.assert_array_equal(packed.input_ids[cells], 100 * i + np.arange(max(n - 1, 0)))
         assert (packed.segment_ids[cells] == i + 1).all()
+        cols = packed.segment_cols[0, i]  # the per-prompt attention's gather: its tokens' columns, then "none" (64)
+        np.testing.assert_array_equal(cols[: max(n - 1, 0)], np.flatnonzero(cells[0]))
+        assert (cols[max(n - 1, 0):] == 64).all()
     np.testing.assert_array_equal(packed.segment_ids[real], np.sort(packed.segment_ids[real]))  # prompts in order
     assert (packed.segment_ids[~real] == 0).all() and (packed.input_ids[~real] == 0).all()
     assert [packed_length(n) for n in (1, 64, 65, 512, 513, 577, 1025, 1153, 2049)] == \
