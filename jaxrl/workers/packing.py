@@ -10,8 +10,9 @@ A micro-batch's *slots* ``[G, S]`` (:mod:`jaxrl.workers.seqlen`) name the batch 
   ``(1, total_nnz)`` row with ``cu_seqlens``); here a row carries ``segment_ids`` (1, 2, ... per sequence, 0 on
   padding), ``positions`` restarting at 0 per sequence and ``segment_cols`` (each sequence's columns, playing
   ``cu_seqlens``' part), and the decoder attends per segment (:class:`jaxrl.models.decoder.Decoder`,
-  ``segment_ids=`` / ``segment_cols=``: :class:`~jaxrl.models.decoder.SegmentLayout`). The per-response arrays the losses read stay
-  ``[G x S, R]`` (the same rows as the padded layout), and two index arrays connect them to the packed row:
+  ``segment_ids=`` / ``segment_cols=``: :class:`~jaxrl.models.decoder.SegmentLayout`). The per-response arrays the
+  losses read stay ``[G x S, R]`` (the same rows as the padded layout), and two index arrays connect them to the
+  packed row:
   ``score_cols [G, K]``, the column of the token *before* each response token (where its logits / value are
   read), and ``slot_index [G, S x R]``, where response token ``j`` of slot ``s`` sits among the row's ``K``
   scoring columns. So the LM head runs on real response tokens only, and the loss code is the padded one.
