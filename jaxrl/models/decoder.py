@@ -258,16 +258,16 @@ def segment_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: Segm
         summation order) at every column a segment holds; 0 at columns no segment holds (row padding).
     """
     b, t = q.shape[:2]
-    _, s, l = layout.cols.shape
-    cols = layout.cols.reshape(b, s * l)
+    _, s, length = layout.cols.shape
+    cols = layout.cols.reshape(b, s * length)
     rows = jnp.arange(b)[:, None]
     safe = jnp.minimum(cols, t - 1)  # a missing token reads the last column: masked as a key, dropped as a query
 
     def gather(x):
-        return x[rows, safe].reshape(b * s, l, *x.shape[2:])
+        return x[rows, safe].reshape(b * s, length, *x.shape[2:])
 
     out = causal_gqa_attention(gather(q), gather(k), gather(v), layout.mask)
-    return jnp.zeros_like(q).at[rows, cols].set(out.reshape(b, s * l, *q.shape[2:]), mode="drop")
+    return jnp.zeros_like(q).at[rows, cols].set(out.reshape(b, s * length, *q.shape[2:]), mode="drop")
 
 
 # ----------------------------------------------------------------------------------------------- modules
