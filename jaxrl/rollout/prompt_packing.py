@@ -65,7 +65,7 @@ def pack_prompts(input_ids: np.ndarray, prompt_mask: np.ndarray, *, cache_len: i
     Returns:
       :class:`PackedPrompts` ``[1, N]``, ``N = packed_length(sum of (length - 1))``: the prompts in order, token ``j``
       of prompt ``u`` (length ``L``, ``j < L - 1``) in exactly one cell with ``rows = u``, ``slots = P - L + j``,
-      ``positions = j``; padding at the end.
+      ``positions = j``; padding at the end; ``segment_cols`` ``[1, U, P - 1]``.
 
     Raises:
       ValueError: shapes differ, or a prompt mask is not a suffix of its row (prompts must be left-padded).
