@@ -29,7 +29,6 @@ class PackedPrompts(NamedTuple):
     Attributes:
       input_ids: token ids (the pad id on padding).
       positions: RoPE position of each token in its prompt (0, 1, ...; 0 on padding).
-      segment_ids: ``u + 1`` on the tokens of prompt ``u``, 0 on padding.
       segment_cols: int32 ``[1, U, P - 1]``: the column of token ``j`` of prompt ``u``, ``N`` where it has none (the
         decoder's per-prompt attention gathers by it).
       rows: the prompt (cache row) each token belongs to (0 on padding).
@@ -39,7 +38,6 @@ class PackedPrompts(NamedTuple):
 
     input_ids: np.ndarray
     positions: np.ndarray
-    segment_ids: np.ndarray
     segment_cols: np.ndarray
     rows: np.ndarray
     slots: np.ndarray
@@ -87,15 +85,12 @@ def pack_prompts(input_ids: np.ndarray, prompt_mask: np.ndarray, *, cache_len: i
     width = packed_length(n)
     rows_u, cols_u = np.nonzero(take)
     out = {name: np.full((1, width), fill, np.int32) for name, fill in
-           (("input_ids", pad_token_id), ("positions", 0), ("segment_ids", 0), ("rows", 0), ("slots", cache_len))}
+           (("input_ids", pad_token_id), ("positions", 0), ("rows", 0), ("slots", cache_len))}
     out["input_ids"][0, :n] = ids[rows_u, cols_u]
-    out["positions"][0, :n] = cols_u - (p - lengths[rows_u])
-    out["segment_ids"][0, :n] = rows_u + 1
+    positions = cols_u - (p - lengths[rows_u])
+    out["positions"][0, :n] = positions
     out["rows"][0, :n] = rows_u
     out["slots"][0, :n] = cols_u
-    # token j of prompt u sits at packed column (u's first column) + j
     segment_cols = np.full((1, u, max(p - 1, 1)), width, np.int32)
-    first = np.r_[0, np.cumsum(np.maximum(lengths - 1, 0))[:-1]]
-    for i in range(u):
-        segment_cols[0, i, : max(int(lengths[i]) - 1, 0)] = first[i] + np.arange(max(int(lengths[i]) - 1, 0))
+    segment_cols[0, rows_u, positions] = np.arange(n)  # token j of prompt u: its packed column
     return PackedPrompts(**out, segment_cols=segment_cols)

@@ -449,12 +449,11 @@ def test_pack_prompts_layout():
         np.testing.assert_array_equal(packed.slots[cells], np.arange(width - n, width - 1))
         np.testing.assert_array_equal(packed.positions[cells], np.arange(max(n - 1, 0)))
         np.testing.assert_array_equal(packed.input_ids[cells], 100 * i + np.arange(max(n - 1, 0)))
-        assert (packed.segment_ids[cells] == i + 1).all()
         cols = packed.segment_cols[0, i]  # the per-prompt attention's gather: its tokens' columns, then "none" (64)
         np.testing.assert_array_equal(cols[: max(n - 1, 0)], np.flatnonzero(cells[0]))
         assert (cols[max(n - 1, 0):] == 64).all()
-    np.testing.assert_array_equal(packed.segment_ids[real], np.sort(packed.segment_ids[real]))  # prompts in order
-    assert (packed.segment_ids[~real] == 0).all() and (packed.input_ids[~real] == 0).all()
+    np.testing.assert_array_equal(packed.rows[real], np.sort(packed.rows[real]))  # prompts in order
+    assert (packed.rows[~real] == 0).all() and (packed.input_ids[~real] == 0).all()
     assert [packed_length(n) for n in (1, 64, 65, 512, 513, 577, 1025, 1153, 2049)] == \
         [64, 64, 128, 512, 576, 640, 1152, 1280, 2304]
     with pytest.raises(ValueError, match="prompt 0 is not left-padded"):
