@@ -91,8 +91,12 @@ def _decode_kind(src: str, shape: str, opcode: str, vocab: int) -> str:
     dims = shape.split("[", 1)[-1].rstrip("]").split(",") if "[" in shape else []
     if "bth,vh->btv" in src:
         return "LM head matmul"
-    if "bskd" in src:
-        return "attention matmuls (q.k, p.v)"
+    if "kv_cache_attention" in src:  # jaxrl.models.decoder.cached_gqa_attention's named scope
+        if src.endswith("dot_general"):
+            return "attention matmuls (q.k, p.v)"
+        if opcode in ("copy", "transpose"):
+            return "KV-cache layout copies (per layer)"
+        return "attention softmax and mask"
     if src.endswith("dot_general"):
         return "layer projections (q/k/v/o, MLP)"
     if src.startswith(("squeeze", "transpose")) or opcode in ("copy", "transpose"):

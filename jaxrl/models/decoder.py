@@ -49,8 +49,12 @@ class KVCache(NamedTuple):
     """Key/value cache for all layers.
 
     Attributes:
-        k: ``[num_layers, batch, max_len, num_kv_heads, head_dim]`` keys after RoPE (and q/k-norm).
-        v: ``[num_layers, batch, max_len, num_kv_heads, head_dim]`` values.
+        k: ``[num_layers, batch, num_kv_heads, max_len, head_dim]`` keys after RoPE (and q/k-norm).
+        v: ``[num_layers, batch, num_kv_heads, max_len, head_dim]`` values.
+
+    Kv-head-major (slots next to ``head_dim``): one layer's ``[B, nKV, S, D]`` slice is already in the layout the
+    attention's batched matmuls read (batch ``B x nKV``, ``S x D`` rows), so decoding reads the cache without a
+    per-layer transposing copy (:func:`cached_gqa_attention`).
     """
 
     k: jax.Array
@@ -58,7 +62,7 @@ class KVCache(NamedTuple):
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=jnp.float32) -> KVCache:
-    """Return an all-zero :class:`KVCache` of shape ``[L, batch, max_len, nKV, D]`` in ``dtype``.
+    """Return an all-zero :class:`KVCache` of shape ``[L, batch, nKV, max_len, D]`` in ``dtype``.
 
     Raises:
         ValueError: ``batch`` or ``max_len`` is not a positive int.
@@ -66,7 +70,7 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=jnp.float32) ->
     for name, v in (("batch", batch), ("max_len", max_len)):
         if not isinstance(v, (int, np.integer)) or v <= 0:
             raise ValueError(f"{name} must be a positive int; got {v!r}")
-    shape = (cfg.num_hidden_layers, int(batch), int(max_len), cfg.num_key_value_heads, cfg.head_dim)
+    shape = (cfg.num_hidden_layers, int(batch), cfg.num_key_value_heads, int(max_len), cfg.head_dim)
     return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
 
 
@@ -155,6 +159,41 @@ def gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> 
     probs = _masked_softmax(scores, mask, d)
     out = jnp.einsum("bkgts,bskd->btkgd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
     return out.reshape(b, t, nh, d).astype(q.dtype)
+
+
+def cached_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """:func:`gqa_attention` over one layer of the kv-head-major KV cache.
+
+    Args:
+        q: ``[B, T, nH, D]`` queries.
+        k, v: ``[B, nKV, S, D]`` the layer's cached keys / values (:class:`KVCache` layout); ``nH % nKV == 0``.
+        mask: ``[B, T, S]`` bool, True where query ``t`` may attend to key ``s``.
+
+    Returns:
+        ``[B, T, nH, D]`` in ``q.dtype``, as :func:`gqa_attention` (up to float32 summation order).
+
+    The cache is the left operand of the score matmul and the right operand of the value matmul, batched over
+    ``(B, nKV)`` with ``D`` (scores) or ``S`` (values) contracted: both read the cache in its own layout, so no
+    cache-sized operand is transposed (the ``[B, S, nKV, D]`` layout cost a copy of every layer's keys and values
+    per decode step; only the ``[.., S, G, T]`` scores are rearranged here).
+    """
+    with jax.named_scope("kv_cache_attention"):  # (names its ops in profiles: bench/rollout_throughput.py)
+        return _cached_gqa_attention(q, k, v, mask)
+
+
+def _cached_gqa_attention(q, k, v, mask):
+    b, t, nh, d = q.shape
+    nkv = k.shape[1]
+    g = nh // nkv
+    qg = q.reshape(b, t, nkv, g, d).transpose(0, 2, 3, 1, 4)  # [B, nKV, G, T, D]
+    dims = (((3,), (4,)), ((0, 1), (0, 1)))
+    scores = jax.lax.dot_general(k, qg, dims, preferred_element_type=jnp.float32)  # [B, nKV, S, G, T]
+    keep = jnp.swapaxes(mask, 1, 2)[:, None, :, None, :]  # [B, 1, S, 1, T]
+    scores = jnp.where(keep, scores * (1.0 / math.sqrt(d)), _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=2)
+    dims = (((2,), (2,)), ((0, 1), (0, 1)))
+    out = jax.lax.dot_general(probs.astype(v.dtype), v, dims, preferred_element_type=jnp.float32)  # [B,nKV,G,T,D]
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, nh, d).astype(q.dtype)
 
 
 def causal_query_block(t: int) -> int:
@@ -361,7 +400,7 @@ class Attention(nnx.Module):
 
     def __call__(self, x, cos, sin, mask, k_cache, v_cache, cache_index, layer=None):
         """``x`` ``[B, T, H]``; ``mask`` ``[B, T, S]`` (or, without a cache, :class:`SegmentLayout`);
-        ``k_cache/v_cache``: the model's whole cache ``[L, B, S, nKV, D]`` with ``layer`` the index of this block, or
+        ``k_cache/v_cache``: the model's whole cache ``[L, B, nKV, S, D]`` with ``layer`` the index of this block, or
         None (no cache).
 
         Returns ``(out [B, T, H], k, v)``: with a cache, the whole cache with this layer's new keys/values
@@ -383,19 +422,20 @@ class Attention(nnx.Module):
             b, t = x.shape[:2]
             rows = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], (b, t))
             slots = cache_index[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-            k_cache = k_cache.at[layer, rows, slots].set(k.astype(k_cache.dtype), mode="promise_in_bounds")
-            v_cache = v_cache.at[layer, rows, slots].set(v.astype(v_cache.dtype), mode="promise_in_bounds")
+            # [layer, rows, :, slots] with the slice between advanced indices: the updated cells are [B, T, nKV, D]
+            k_cache = k_cache.at[layer, rows, :, slots].set(k.astype(k_cache.dtype), mode="promise_in_bounds")
+            v_cache = v_cache.at[layer, rows, :, slots].set(v.astype(v_cache.dtype), mode="promise_in_bounds")
             k_all, v_all = k_cache[layer].astype(self.dtype), v_cache[layer].astype(self.dtype)
             k, v = k_cache, v_cache
         else:
-            start = (layer, 0, cache_index, 0, 0)
-            k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype)[None], start)
-            v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype)[None], start)
+            start = (layer, 0, 0, cache_index, 0)
+            k_cache = jax.lax.dynamic_update_slice(k_cache, _kv_major(k, k_cache.dtype), start)
+            v_cache = jax.lax.dynamic_update_slice(v_cache, _kv_major(v, v_cache.dtype), start)
             k_all, v_all = k_cache[layer].astype(self.dtype), v_cache[layer].astype(self.dtype)
             k, v = k_cache, v_cache
         # no cache: the mask the decoder builds is causal over this chunk's own positions (or per packed segment)
         if k_cache is not None:
-            attend = gqa_attention
+            attend = cached_gqa_attention
         elif isinstance(mask, SegmentLayout):
             attend = segment_gqa_attention
         else:
@@ -403,6 +443,11 @@ class Attention(nnx.Module):
         out = attend(q, k_all, v_all, mask)
         proj = dense(out, self.o_proj[...].astype(self.dtype), in_dims=2)
         return _with_lora(self.lora, "o_proj", out, proj), k, v
+
+
+def _kv_major(x: jax.Array, dtype) -> jax.Array:
+    """New keys/values ``[B, T, nKV, D]`` as one layer's cache update ``[1, B, nKV, T, D]`` in ``dtype``."""
+    return jnp.swapaxes(x, 1, 2).astype(dtype)[None]
 
 
 class MLP(nnx.Module):
@@ -547,7 +592,7 @@ class Decoder(nnx.Module):
             positions: ``[B, T]`` int RoPE positions (for a left-padded prompt pass ``cumsum(mask) - 1``).
             attention_mask: key mask, bool or int (nonzero = real token). Without a cache ``[B, T]``; with a
                 cache ``[B, S]`` where ``S`` is the cache ``max_len`` (covering both cached and new slots).
-            cache: optional :class:`KVCache` ``[L, B, S, nKV, D]``.
+            cache: optional :class:`KVCache` ``[L, B, nKV, S, D]``.
             activation_sharding: optional ``jax.sharding.Sharding`` for the ``[B, T, H]`` residual stream; with a
                 mesh the trainer passes rows over the batch axes, and it is applied after the embedding and at
                 every block boundary (``jax.lax.with_sharding_constraint``) so activations follow the mesh rules.
@@ -608,13 +653,13 @@ class Decoder(nnx.Module):
                 raise ValueError("segment_ids (packed rows) are not supported with a KV cache")
             if cache_index is None:
                 raise ValueError("cache_index is required when a cache is passed")
-            expected = (cfg.num_hidden_layers, b, cache.k.shape[2], cfg.num_key_value_heads, cfg.head_dim)
+            expected = (cfg.num_hidden_layers, b, cfg.num_key_value_heads, cache.k.shape[3], cfg.head_dim)
             if cache.k.shape != expected or cache.v.shape != expected:
                 raise ValueError(
-                    f"cache k/v must have shape [layers, batch, max_len, kv_heads, head_dim] = {expected}; "
+                    f"cache k/v must have shape [layers, batch, kv_heads, max_len, head_dim] = {expected}; "
                     f"got {cache.k.shape} / {cache.v.shape}"
                 )
-            s = cache.k.shape[2]
+            s = cache.k.shape[3]
             if attention_mask.shape != (b, s):
                 raise ValueError(
                     f"with a cache attention_mask must have shape [batch, max_len] = {(b, s)}; "
@@ -685,7 +730,7 @@ class Decoder(nnx.Module):
             positions: ``[K, W]`` int RoPE positions, restarting at 0 for each prompt.
             segment_cols: ``[K, S, L]`` int32: the column of token ``p`` of the row's ``s``-th prompt, ``>= W`` where
                 there is none (:class:`SegmentLayout`).
-            cache: :class:`KVCache` ``[L, B, S, nKV, D]`` to write into (in a jitted caller, usually all zeros).
+            cache: :class:`KVCache` ``[L, B, nKV, S, D]`` to write into (in a jitted caller, usually all zeros).
             rows, slots: ``[K, W]`` int32 destination of each token; a slot ``>= S`` (padding) is dropped.
 
         Returns:
@@ -712,8 +757,8 @@ class Decoder(nnx.Module):
         new_k, new_v = cache.k, cache.v
         for i, block in enumerate(self.layers):
             x, k, v = _call_block(block, x, cos, sin, layout, None, None, None)
-            new_k = new_k.at[i, rows, slots].set(k.astype(new_k.dtype), mode="drop")
-            new_v = new_v.at[i, rows, slots].set(v.astype(new_v.dtype), mode="drop")
+            new_k = new_k.at[i, rows, :, slots].set(k.astype(new_k.dtype), mode="drop")  # cells [K, W, nKV, D]
+            new_v = new_v.at[i, rows, :, slots].set(v.astype(new_v.dtype), mode="drop")
         return KVCache(new_k, new_v)
 
     def _remat_scan(self, x, cos, sin, mask, constrain):

@@ -270,7 +270,7 @@ class JaxSampler:
 
         Args: input_ids/prompt_mask int32 [U, P] (left-padded); row_map int32 [B] or None: row ``b`` of the
         returned cache is prompt ``row_map[b]``'s (None: one row per prompt, B = U).
-        Returns: KVCache [L, B, P + R - 1, nKV, D]; slots [0, P-1) hold the prompt (all but its last
+        Returns: KVCache [L, B, nKV, P + R - 1, D]; slots [0, P-1) hold the prompt (all but its last
         token, which the decode loop feeds first, so prefill never materialises [B, P, V] logits).
         """
         self._num_traces += 1
@@ -291,7 +291,7 @@ class JaxSampler:
         Args: packed: the :class:`~jaxrl.rollout.prompt_packing.PackedPrompts` arrays ([1, N]); row_map int32
         [B] (row ``b`` of the returned cache is prompt ``row_map[b]``'s); shape: static ``(U, cache_len)``, the
         prompts and slots per row of the cache the packed tokens are written into.
-        Returns: KVCache [L, B, cache_len, nKV, D], the same slots filled as by :meth:`_prefill_impl`.
+        Returns: KVCache [L, B, nKV, cache_len, D], the same slots filled as by :meth:`_prefill_impl`.
         """
         self._num_traces += 1
         cache = init_cache(self.model_cfg, *shape, self.cache_dtype)
@@ -319,7 +319,7 @@ class JaxSampler:
         """
         self._num_traces += 1
         batch, width = prompt_mask.shape
-        r = cache.k.shape[2] - width + 1
+        r = cache.k.shape[3] - width + 1
         model = nnx.merge(self._graphdef, params)
         attn = _cache_mask(prompt_mask, r)
         prompt_len = prompt_mask.sum(axis=-1).astype(jnp.int32)

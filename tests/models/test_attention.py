@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl.models.decoder import causal_gqa_attention, causal_query_block, gqa_attention
+from jaxrl.models.decoder import cached_gqa_attention, causal_gqa_attention, causal_query_block, gqa_attention
 
 
 def _inputs(b, t, nh=6, nkv=2, d=8, seed=0, dtype=jnp.float32):
@@ -101,3 +101,24 @@ def test_shape_mismatch_is_a_clear_error():
         causal_gqa_attention(q, k[:, :6], v[:, :6], jnp.ones((1, 8, 6), bool))
     with pytest.raises(ValueError, match="must be a positive number of tokens; got 0"):
         causal_gqa_attention(q, k, v, jnp.ones((1, 8, 8), bool), block=0)
+
+
+@pytest.mark.parametrize("t,s", [(1, 23), (1, 64), (5, 40), (16, 16)])
+def test_cached_attention_equals_plain(t, s):
+    """The KV-cache form (keys/values ``[B, nKV, S, D]``, kv-head-major) equals gqa_attention on ``[B, S, nKV, D]``:
+    one decode query (t=1) or a chunk of queries (prefill through the cache), left padding and a causal offset,
+    a fully masked row finite; a kv-head/group mix-up would pair queries with the wrong keys."""
+    b, nh, nkv, d = 3, 6, 2, 8
+    r = np.random.RandomState(t * 100 + s)
+    q = jnp.asarray(r.randn(b, t, nh, d), jnp.float32)
+    k, v = (jnp.asarray(r.randn(b, s, nkv, d), jnp.float32) for _ in range(2))
+    start = np.array([0, 3, s // 2])  # left padding per row
+    q_slot = s - t + np.arange(t)  # the queries sit at the last t slots
+    slot = np.arange(s)[None, None, :]
+    mask = (slot <= q_slot[None, :, None]) & (slot >= start[:, None, None])
+    mask[2, 0] = False  # a query with no key at all
+    mask = jnp.asarray(mask)
+    ref = np.asarray(gqa_attention(q, k, v, mask))
+    out = np.asarray(cached_gqa_attention(q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), mask))
+    assert out.shape == (b, t, nh, d) and np.isfinite(out).all()
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)

@@ -195,8 +195,9 @@ def test_kv_cache_decode_matches_full_recompute(name):
     assert len(traces) == 2, "decode step retraced: cache_index must be traced, not static (1 prefill + 1 step)"
     # Slots never written stay zero; written slots do not.
     k = np.asarray(cache.k)
-    assert np.all(k[:, :, prompt_len + steps :] == 0)
-    assert np.all(np.abs(k[:, :, : prompt_len + steps]).sum(axis=(-1, -2)) > 0)
+    assert k.shape[3] == max_len  # [L, B, nKV, S, D]
+    assert np.all(k[:, :, :, prompt_len + steps :] == 0)
+    assert np.all(np.abs(k[:, :, :, : prompt_len + steps]).sum(axis=(2, -1)) > 0)
 
 
 @pytest.mark.parametrize("name", ["llama_untied", "qwen3_qknorm"])
@@ -221,8 +222,8 @@ def test_per_row_cache_index_equals_each_row_alone(name):
         np.testing.assert_array_equal(np.asarray(new.k[:, b]), np.asarray(want_cache.k[:, 0]))
         np.testing.assert_array_equal(np.asarray(new.v[:, b]), np.asarray(want_cache.v[:, 0]))
         keep = np.r_[0:n, n + 2:max_len]  # only slots n, n+1 were written
-        np.testing.assert_array_equal(np.asarray(new.k[:, b, keep]), np.asarray(cache.k[:, b, keep]))
-        assert not np.allclose(np.asarray(new.k[:, b, n]), np.asarray(cache.k[:, b, n]))
+        np.testing.assert_array_equal(np.asarray(new.k[:, b, :, keep]), np.asarray(cache.k[:, b, :, keep]))
+        assert not np.allclose(np.asarray(new.k[:, b, :, n]), np.asarray(cache.k[:, b, :, n]))
     with pytest.raises(ValueError, match=r"cache_index must be a scalar or \[batch\] = \(3,\); got shape \(2,\)"):
         model(jnp.asarray(tok), jnp.asarray(pos), jnp.asarray(mask), cache, jnp.asarray(idx[:2]))
 
