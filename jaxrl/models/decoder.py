@@ -177,23 +177,19 @@ def cached_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Arr
     cache-sized operand is transposed (the ``[B, S, nKV, D]`` layout cost a copy of every layer's keys and values
     per decode step; only the ``[.., S, G, T]`` scores are rearranged here).
     """
-    with jax.named_scope("kv_cache_attention"):  # (names its ops in profiles: bench/rollout_throughput.py)
-        return _cached_gqa_attention(q, k, v, mask)
-
-
-def _cached_gqa_attention(q, k, v, mask):
     b, t, nh, d = q.shape
     nkv = k.shape[1]
     g = nh // nkv
-    qg = q.reshape(b, t, nkv, g, d).transpose(0, 2, 3, 1, 4)  # [B, nKV, G, T, D]
-    dims = (((3,), (4,)), ((0, 1), (0, 1)))
-    scores = jax.lax.dot_general(k, qg, dims, preferred_element_type=jnp.float32)  # [B, nKV, S, G, T]
-    keep = jnp.swapaxes(mask, 1, 2)[:, None, :, None, :]  # [B, 1, S, 1, T]
-    scores = jnp.where(keep, scores * (1.0 / math.sqrt(d)), _MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=2)
-    dims = (((2,), (2,)), ((0, 1), (0, 1)))
-    out = jax.lax.dot_general(probs.astype(v.dtype), v, dims, preferred_element_type=jnp.float32)  # [B,nKV,G,T,D]
-    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, nh, d).astype(q.dtype)
+    with jax.named_scope("kv_cache_attention"):  # (names its ops in profiles: bench/rollout_throughput.py)
+        qg = q.reshape(b, t, nkv, g, d).transpose(0, 2, 3, 1, 4)  # [B, nKV, G, T, D]
+        dims = (((3,), (4,)), ((0, 1), (0, 1)))
+        scores = jax.lax.dot_general(k, qg, dims, preferred_element_type=jnp.float32)  # [B, nKV, S, G, T]
+        keep = jnp.swapaxes(mask, 1, 2)[:, None, :, None, :]  # [B, 1, S, 1, T]
+        scores = jnp.where(keep, scores * (1.0 / math.sqrt(d)), _MASK_VALUE)
+        probs = jax.nn.softmax(scores, axis=2)
+        dims = (((2,), (2,)), ((0, 1), (0, 1)))
+        out = jax.lax.dot_general(probs.astype(v.dtype), v, dims, preferred_element_type=jnp.float32)  # [B,nKV,G,T,D]
+        return out.transpose(0, 3, 1, 2, 4).reshape(b, t, nh, d).astype(q.dtype)
 
 
 def causal_query_block(t: int) -> int:
