@@ -6,6 +6,9 @@ validation and checkpoints off, run one after another in this invocation:
 
 * ``padded``: the config as shipped (micro-batches of 4 rows padded to the bucketed prompt width + 128);
 * ``packed``: the same with ``use_remove_padding`` + ``use_dynamic_bsz`` (packed rows, 1024-token micro-batches);
+* ``on-policy``: ``padded`` with ``actor.recompute_old_log_prob=false``: the config makes one on-policy update per
+  step, so the update's own (detached) log-probs are the old ones and the separate old-log-prob pass is skipped, as
+  TRL and Tunix do at one iteration (same loss and gradient; the hour config runs this way);
 * ``padded@REV`` (``--baseline-rev REV``): the config as shipped, without overrides (revisions before the packing
   work refuse the dynamic-batch keys), run by the code of git revision ``REV`` (a detached worktree under
   ``outputs/bench/``), e.g. ``cd79688``, the code when issue 19 was filed, to compare with "today's" step.
@@ -39,6 +42,8 @@ PADDED = ["actor_rollout_ref.model.use_remove_padding=false", "actor_rollout_ref
           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"]  # the shipped config's values, spelled out
 PACKED = ["actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.actor.use_dynamic_bsz=true",
           "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1024"]
+ON_POLICY = [*PADDED, "actor_rollout_ref.actor.recompute_old_log_prob=false"]
+VARIANTS = {"packed": PACKED, "padded": PADDED, "on-policy": ON_POLICY}
 PHASES = ("gen", "old_log_prob", "ref", "update_actor")
 
 
@@ -94,7 +99,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--baseline-rev", default=None, help="also run the padded config with this git revision's code")
-    ap.add_argument("--variants", default="packed,padded", help="comma list of packed, padded")
+    ap.add_argument("--variants", default="packed,padded", help="comma list of " + ", ".join(VARIANTS))
     ap.add_argument("--quick", action="store_true", help="2 steps, packed only")
     args = ap.parse_args()
     if not (ROOT / "outputs/data/gsm8k/train.parquet").exists():
@@ -104,7 +109,9 @@ def main() -> None:
     variants = ["packed"] if args.quick else args.variants.split(",")
     results = []
     for v in variants:
-        results.append(run_variant(v, PACKED if v == "packed" else PADDED, steps))
+        if v not in VARIANTS:
+            raise SystemExit(f"--variants: unknown variant {v!r}; valid: {', '.join(VARIANTS)}")
+        results.append(run_variant(v, VARIANTS[v], steps))
         print(json.dumps(results[-1]), flush=True)
     if args.baseline_rev and not args.quick:
         results.append(run_variant(f"padded@{args.baseline_rev}", [], steps, worktree(args.baseline_rev)))
@@ -112,6 +119,7 @@ def main() -> None:
 
     base = results[-1]
     cmd = "python bench/gsm8k_step.py" + (f" --steps {args.steps}" if args.steps != 4 else "") + (
+        f" --variants {args.variants}" if args.variants != "packed,padded" else "") + (
         f" --baseline-rev {args.baseline_rev}" if args.baseline_rev else "")
     lines = header_lines(
         "GSM8K GRPO step on SmolLM2-135M: packed rows and token-budget micro-batches vs padded", cmd,
