@@ -667,13 +667,14 @@ class Decoder(nnx.Module):
             if cache_index.shape not in ((), (b,)):
                 raise ValueError(f"cache_index must be a scalar or [batch] = ({b},); got shape {cache_index.shape}")
             q_slots = cache_index[..., None] + jnp.arange(t, dtype=jnp.int32)  # [T] or [B, T]
-        k_slots = jnp.arange(s, dtype=jnp.int32)
-        causal = k_slots <= q_slots[..., None]  # [T, S] or [B, T, S]
-        mask = (causal if causal.ndim == 3 else causal[None]) & (attention_mask != 0)[:, None, :]
-        if segment_cols is not None:  # packed rows, attended per segment in a padded layout
+        if segment_cols is not None:  # packed rows, attended per segment in a padded layout (no dense mask)
             mask = segment_layout(segment_cols, t)
-        elif segment_ids is not None:  # packed rows: attention stays inside each sequence
-            mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
+        else:
+            k_slots = jnp.arange(s, dtype=jnp.int32)
+            causal = k_slots <= q_slots[..., None]  # [T, S] or [B, T, S]
+            mask = (causal if causal.ndim == 3 else causal[None]) & (attention_mask != 0)[:, None, :]
+            if segment_ids is not None:  # packed rows: attention stays inside each sequence
+                mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
 
         cos, sin = rope_cos_sin(positions, np.asarray(self.inv_freq, np.float32))
         x = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(self.dtype)
