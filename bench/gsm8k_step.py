@@ -9,14 +9,18 @@ validation and checkpoints off, run one after another in this invocation:
 * ``on-policy``: ``padded`` with ``actor.recompute_old_log_prob=false``: the config makes one on-policy update per
   step, so the update's own (detached) log-probs are the old ones and the separate old-log-prob pass is skipped, as
   TRL and Tunix do at one iteration (same loss and gradient; the hour config runs this way);
+* ``bf16-rollout`` / ``bf16-rollout-on-policy``: ``padded`` / ``on-policy`` with ``rollout.dtype=bfloat16`` (the
+  sampler's weight matrices and matmuls in bfloat16 with float32 accumulation, verl's default rollout dtype; the
+  update and the log-prob passes stay float32). Its samples differ from the float32 rollout's (bfloat16 rounding
+  flips some sampled tokens), so compare the per-token times too;
 * ``padded@REV`` (``--baseline-rev REV``): the config as shipped, without overrides (revisions before the packing
   work refuse the dynamic-batch keys), run by the code of git revision ``REV`` (a detached worktree under
   ``outputs/bench/``), e.g. ``cd79688``, the code when issue 19 was filed, to compare with "today's" step.
 
 Reported per variant: the median step time over the steps after the first (the first compiles), its phases,
 the first step, the response length and real tokens per step, and the peak ``perf/cpu_memory_used_gb`` (RSS).
-Every variant sees the same prompts (same seed), and the sampled responses agree between variants (identical
-rollout code and weights), so the work per step is the same and ratios are meaningful.
+Every variant sees the same prompts (same seed), and the sampled responses agree between the float32-rollout
+variants (identical rollout code and weights), so the work per step is the same and ratios are meaningful.
 
 Run: ``python bench/gsm8k_step.py [--steps 4] [--baseline-rev cd79688]`` (about 7 minutes per variant on 2 cores).
 Writes ``bench/results/gsm8k_step.md``.
@@ -43,7 +47,9 @@ PADDED = ["actor_rollout_ref.model.use_remove_padding=false", "actor_rollout_ref
 PACKED = ["actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.actor.use_dynamic_bsz=true",
           "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1024"]
 ON_POLICY = [*PADDED, "actor_rollout_ref.actor.recompute_old_log_prob=false"]
-VARIANTS = {"packed": PACKED, "padded": PADDED, "on-policy": ON_POLICY}
+BF16_ROLLOUT = "actor_rollout_ref.rollout.dtype=bfloat16"
+VARIANTS = {"packed": PACKED, "padded": PADDED, "on-policy": ON_POLICY, "bf16-rollout": [*PADDED, BF16_ROLLOUT],
+            "bf16-rollout-on-policy": [*ON_POLICY, BF16_ROLLOUT]}
 PHASES = ("gen", "old_log_prob", "ref", "update_actor")
 
 

@@ -2,7 +2,8 @@
 
 Same model directory (``bench/models.py``: ``tiny-qwen2``, ``smollm2-135m``), same prompt token ids (the workload's
 story openings, cycled to the batch size, each its own request), sampling at temperature 1 (top-p 1, no top-k),
-float32, and every row generates exactly ``--new-tokens`` tokens:
+float32 (``--dtype bfloat16``: every engine in bfloat16, below), and every row generates exactly ``--new-tokens``
+tokens:
 
 * **jaxrl**: :class:`jaxrl.rollout.JaxSampler` (one prefill + one ``while_loop`` decode jit per shape),
   ``SamplingParams(ignore_eos=True)`` so eos does not end a row;
@@ -23,6 +24,11 @@ decode loop's XLA op time to what the ops compute (layer projections, the LM hea
 copies, the vocabulary softmax and sampling, ...), from the compiled decode program's HLO metadata. Each cell is the median (min-max) over ``--repeats`` calls. Every engine's output is checked to
 hold exactly batch x new tokens generated tokens. ``--vllm-omp-threads`` (default: all logical CPUs) sets vLLM's
 ``OMP_NUM_THREADS``, since its CPU backend otherwise computes on all cores but one.
+
+``--dtype bfloat16`` runs each engine in its bfloat16 mode: jaxrl's rollout ``dtype="bfloat16"`` (the float32 model's
+weight matrices copied to bfloat16, every projection a bfloat16 x bfloat16 -> float32 matmul, activations and KV
+cache float32: ``actor_rollout_ref.rollout.dtype=bfloat16``), HF ``torch_dtype=bfloat16`` and vLLM ``dtype=bfloat16``
+(both bfloat16 throughout). It writes ``rollout_throughput_bf16.{md,json}``.
 
 Run: ``python bench/rollout_throughput.py`` (full grid, ~15 min on a quiet 2-core box) or ``--quick``.
 Writes ``bench/results/rollout_throughput.{md,json}``.
@@ -48,7 +54,7 @@ MAX_PROMPT_LENGTH = 64
 
 # ----------------------------------------------------------------------------------------- engines
 def bench_jaxrl(model_dir: Path, prompts: list[list[int]], batches: list[int], new_tokens: int,
-                repeats: int, profile_batch: int = 0) -> dict:
+                repeats: int, profile_batch: int = 0, dtype: str = "float32") -> dict:
     """Time :class:`JaxSampler.generate` for each batch size; returns ``{batch: {"tps": [...], "warmup_s",
     "prefill_s": [...]}}`` (and ``"profile"``: :func:`profile_decode` at ``profile_batch``, when > 0)."""
     from jaxrl.models import load_pretrained
@@ -60,7 +66,7 @@ def bench_jaxrl(model_dir: Path, prompts: list[list[int]], batches: list[int], n
     pad = tok.pad_token_id if tok.pad_token_id is not None else pre.config.eos_token_id[0]
     sampler = JaxSampler.from_model(pre.model, pre.config, pad_token_id=int(pad),
                                     eos_token_ids=tuple(pre.config.eos_token_id),
-                                    max_prompt_length=MAX_PROMPT_LENGTH)
+                                    max_prompt_length=MAX_PROMPT_LENGTH, dtype=dtype)
     def params(r: int) -> SamplingParams:
         return SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=r, ignore_eos=True)
 
@@ -181,13 +187,13 @@ def profile_decode(sampler, prompts: list[list[int]], sp) -> dict:
 
 
 def bench_hf(model_dir: Path, prompts: list[list[int]], batches: list[int], new_tokens: int,
-             repeats: int) -> dict[int, dict]:
-    """Time HF ``model.generate`` (torch CPU, fp32, KV cache) for each batch size (same return as jaxrl's)."""
+             repeats: int, dtype: str = "float32") -> dict[int, dict]:
+    """Time HF ``model.generate`` (torch CPU, ``dtype``, KV cache) for each batch size (same return as jaxrl's)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype)).eval()
     eos = model.generation_config.eos_token_id
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if isinstance(eos, list) else eos)
     inputs = {}
@@ -234,7 +240,7 @@ def vllm_worker(args: argparse.Namespace) -> None:
     spec = json.loads(Path(args.worker_spec).read_text())
     prompts, batches, r, repeats = spec["prompts"], spec["batches"], spec["new_tokens"], spec["repeats"]
     t0 = time.perf_counter()
-    llm = LLM(model=spec["model_dir"], skip_tokenizer_init=True, dtype="float32", enforce_eager=True, seed=0,
+    llm = LLM(model=spec["model_dir"], skip_tokenizer_init=True, dtype=spec["dtype"], enforce_eager=True, seed=0,
               max_model_len=MAX_PROMPT_LENGTH + r, max_num_seqs=max(batches), generation_config="vllm")
     start_s = time.perf_counter() - t0
     out = {"version": vllm.__version__, "start_s": start_s, "batches": {}}
@@ -260,7 +266,7 @@ def vllm_worker(args: argparse.Namespace) -> None:
 
 
 def bench_vllm(model_dir: Path, prompts: list[list[int]], batches: list[int], new_tokens: int,
-               repeats: int, name: str, omp_threads: int) -> tuple[dict[int, dict], str]:
+               repeats: int, name: str, omp_threads: int, dtype: str = "float32") -> tuple[dict[int, dict], str]:
     """Run :func:`vllm_worker` in ``.venv-vllm``; returns ``({batch: {...}}, "vllm <version>")``.
 
     ``omp_threads`` > 0 sets ``OMP_NUM_THREADS`` for the worker (vLLM's CPU backend otherwise keeps one core for
@@ -277,7 +283,7 @@ def bench_vllm(model_dir: Path, prompts: list[list[int]], batches: list[int], ne
     scratch.mkdir(parents=True, exist_ok=True)
     spec, res = scratch / f"vllm_spec_{name}.json", scratch / f"vllm_out_{name}.json"
     spec.write_text(json.dumps({"model_dir": str(model_dir), "prompts": prompts, "batches": batches,
-                                "new_tokens": new_tokens, "repeats": repeats}))
+                                "new_tokens": new_tokens, "repeats": repeats, "dtype": dtype}))
     res.unlink(missing_ok=True)
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "2"}
     if omp_threads > 0:
@@ -314,6 +320,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--engines", default=",".join(ENGINES), help=f"comma list of {ENGINES}")
     ap.add_argument("--vllm-omp-threads", type=int, default=os.cpu_count() or 1,
                     help="OMP_NUM_THREADS for vLLM (default: all logical CPUs, like jax and torch); 0 = vLLM's own")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="every engine's compute dtype (bfloat16: jaxrl's bfloat16 rollout of the float32 model)")
     ap.add_argument("--quick", action="store_true", help="small run: batches 1,8, 16 new tokens, 3 repeats")
     ap.add_argument("--profile-decode", type=int, default=0, metavar="B",
                     help="also trace one jaxrl generate call at batch B and attribute the decode loop's op time")
@@ -347,14 +355,14 @@ def main(argv: list[str] | None = None) -> None:
               f"{max(map(len, prompts))} tokens", flush=True)
         res = {}
         if "jaxrl" in engines:
-            res["jaxrl"] = bench_jaxrl(d, prompts, batches, a.new_tokens, a.repeats, a.profile_decode)
+            res["jaxrl"] = bench_jaxrl(d, prompts, batches, a.new_tokens, a.repeats, a.profile_decode, a.dtype)
             if "profile" in res["jaxrl"]:
                 profiles[name] = res["jaxrl"].pop("profile")
         if "hf" in engines:
-            res["hf"] = bench_hf(d, prompts, batches, a.new_tokens, a.repeats)
+            res["hf"] = bench_hf(d, prompts, batches, a.new_tokens, a.repeats, a.dtype)
         if "vllm" in engines:
             res["vllm"], vllm_version = bench_vllm(d, prompts, batches, a.new_tokens, a.repeats, name,
-                                                     a.vllm_omp_threads)
+                                                     a.vllm_omp_threads, a.dtype)
         for b in batches:
             rec = {"model": name, "params_m": num_params(d) / 1e6, "batch": b, "new_tokens": a.new_tokens}
             for e in engines:
@@ -370,10 +378,13 @@ def main(argv: list[str] | None = None) -> None:
 
     cmd = " ".join(["python bench/rollout_throughput.py", *(sys.argv[1:] if argv is None else argv)])
     lines = header_lines(
-        "Rollout throughput: embedded JaxSampler vs HF generate vs vllm-cpu", cmd,
-        [f"vLLM: {vllm_version} in `.venv-vllm` (enforce_eager, float32, OMP_NUM_THREADS="
+        "Rollout throughput: embedded JaxSampler vs HF generate vs vllm-cpu"
+        + (", all in bfloat16" if a.dtype == "bfloat16" else ""), cmd,
+        [f"vLLM: {vllm_version} in `.venv-vllm` (enforce_eager, {a.dtype}, OMP_NUM_THREADS="
          f"{a.vllm_omp_threads or 'vLLM default'})" if vllm_version else "vLLM: not run",
-         f"workload: {a.new_tokens} new tokens per row (eos ignored), temperature 1, top-p 1, no top-k, float32; "
+         f"workload: {a.new_tokens} new tokens per row (eos ignored), temperature 1, top-p 1, no top-k, {a.dtype}"
+         + (" (jaxrl: bfloat16 weights and matmuls, float32 activations and KV cache; HF and vLLM bfloat16 "
+            "throughout)" if a.dtype == "bfloat16" else "") + "; "
          f"prompts = workload story openings cycled to the batch; median (min-max) of {a.repeats} calls after one "
          "warm-up pass (1 call per batch size, all sizes before any timing)",
          "tokens/s = batch x new tokens / wall time of one generate call (prefill included)",
@@ -422,7 +433,8 @@ def main(argv: list[str] | None = None) -> None:
             lines.append(f"- goal **jaxrl / HF generate >= 2x** ({name}): {status} (lowest "
                          f"{worst['jaxrl_over_hf']:.2f}x at batch {worst['batch']}).")
     lines.append("")
-    md, js = write_section("rollout_throughput", lines, {"records": records, "decode_profiles": profiles}
+    section = "rollout_throughput" + ("_bf16" if a.dtype == "bfloat16" else "")
+    md, js = write_section(section, lines, {"records": records, "decode_profiles": profiles}
                            if profiles else records)
     print("\n".join(lines))
     print(f"wrote {md} and {js} ({wall:.0f} s)")

@@ -303,6 +303,8 @@ def validate_sections(cfg: JaxRLConfig, c: Checks) -> None:
     # rollout
     r = "actor_rollout_ref.rollout"
     c.choice(f"{r}.name", schema.ROLLOUT_NAME_CHOICES)
+    if get(cfg, f"{r}.dtype") not in (None, *schema.DTYPE_CHOICES):
+        c.fail(f"{r}.dtype", "null (the model's dtype) or one of " + ", ".join(map(repr, schema.DTYPE_CHOICES)))
     c.sampling(r)
     c.sampling(f"{r}.val_kwargs")
     c.int_at_least(f"{r}.prompt_length", 1)

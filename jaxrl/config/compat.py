@@ -102,7 +102,6 @@ NOTES: dict[str, str] = {
     "actor_rollout_ref.model.lora_adapter_path": _LORA_ADAPTER,
     # ---- rollout engine
     "actor_rollout_ref.rollout.mode": "verl's sync/async rollout-server mode; jaxrl calls its rollout backend directly",
-    "actor_rollout_ref.rollout.dtype": "the jax sampler computes in actor_rollout_ref.model.dtype",
     "actor_rollout_ref.rollout.enforce_eager": _VLLM_TUNING,
     "actor_rollout_ref.rollout.cudagraph_capture_sizes": _VLLM_TUNING,
     "actor_rollout_ref.rollout.free_cache_engine": (

@@ -87,6 +87,12 @@ def validate_cross(cfg: JaxRLConfig) -> None:
             f"actor_rollout_ref.rollout.tensor_model_parallel_size={rollout.tensor_model_parallel_size} must "
             f"divide the {world} devices ({world_s}) for rollout.name={rollout.name!r}"
         )
+    if rollout.name == "jetstream" and rollout.dtype not in (None, cfg.actor_rollout_ref.model.dtype):
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.dtype={rollout.dtype!r} differs from actor_rollout_ref.model.dtype="
+            f"{cfg.actor_rollout_ref.model.dtype!r}, which rollout.name='jetstream' computes in; set "
+            "rollout.dtype=null or use rollout.name=jax (or vllm)"
+        )
     if d.val_files is None and (t.val_before_train or t.test_freq > 0):
         raise ConfigError(
             f"data.val_files=None but validation is on (trainer.val_before_train={t.val_before_train}, "

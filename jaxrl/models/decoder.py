@@ -334,6 +334,23 @@ def dense(x: jax.Array, w: jax.Array, *, in_dims: int = 1, transposed: bool = Fa
     return y.reshape(*lead, *out)
 
 
+def project(x: jax.Array, w: jax.Array, dtype, matmul_dtype=None, **kwargs) -> jax.Array:
+    """:func:`dense` of ``x`` by the weight ``w`` in the compute dtype ``dtype``, or, with ``matmul_dtype``, with
+    both operands in ``matmul_dtype`` and the products accumulated and returned in ``dtype``.
+
+    ``matmul_dtype=bfloat16`` with ``dtype=float32`` is the rollout's reduced-precision mode (the embedded sampler's
+    ``dtype``, verl's ``actor_rollout_ref.rollout.dtype``): weights held in bfloat16 and every projection a
+    bfloat16 x bfloat16 -> float32 matmul, activations, norms, attention and the KV cache in float32. XLA:CPU runs
+    that dot on the bfloat16 units (AMX / AVX512-BF16) where it has them, while a bfloat16 -> bfloat16 dot converts
+    its operands to float32 (jax 0.10). Used only where nothing is differentiated: JAX's transpose of this dot
+    multiplies the float32 cotangent by the bfloat16 operand, which no backend runs at bfloat16 speed.
+    ``kwargs`` go to :func:`dense` (``in_dims``, ``transposed``); the result's dtype is ``dtype``.
+    """
+    if matmul_dtype is None:
+        return dense(x, w.astype(dtype), **kwargs)
+    return dense(x.astype(matmul_dtype), w.astype(matmul_dtype), preferred_element_type=dtype, **kwargs)
+
+
 def _param(rngs: nnx.Rngs | None, shape, names, dtype, init: str) -> nnx.Param:
     if init == "normal":
         value = jax.random.normal(rngs.params(), shape, dtype=jnp.float32) * 0.02
@@ -371,6 +388,7 @@ class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, dtype):
         h, nh, nkv, d = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.dtype = dtype
+        self.matmul_dtype = None  # projections' operand dtype when not `dtype` (:func:`project`; set by the sampler)
         self.q_proj = _param(rngs, (h, nh, d), ("embed", "heads", "head_dim"), param_dtype, "normal")
         self.k_proj = _param(rngs, (h, nkv, d), ("embed", "kv_heads", "head_dim"), param_dtype, "normal")
         self.v_proj = _param(rngs, (h, nkv, d), ("embed", "kv_heads", "head_dim"), param_dtype, "normal")
@@ -389,7 +407,7 @@ class Attention(nnx.Module):
         self.lora = nnx.data(None)  # LoRA adapters by projection name (jaxrl.models.lora.apply_lora), or None
 
     def _proj(self, x, kernel, bias, name):
-        y = dense(x, kernel[...].astype(self.dtype), in_dims=1)
+        y = project(x, kernel[...], self.dtype, self.matmul_dtype)
         if bias is not None:
             y = y + bias[...].astype(self.dtype)
         return _with_lora(self.lora, name, x, y)
@@ -437,7 +455,7 @@ class Attention(nnx.Module):
         else:
             attend = causal_gqa_attention
         out = attend(q, k_all, v_all, mask)
-        proj = dense(out, self.o_proj[...].astype(self.dtype), in_dims=2)
+        proj = project(out, self.o_proj[...], self.dtype, self.matmul_dtype, in_dims=2)
         return _with_lora(self.lora, "o_proj", out, proj), k, v
 
 
@@ -452,16 +470,20 @@ class MLP(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, dtype):
         h, i = cfg.hidden_size, cfg.intermediate_size
         self.dtype = dtype
+        self.matmul_dtype = None  # as Attention.matmul_dtype
         self.gate_proj = _param(rngs, (h, i), ("embed", "mlp"), param_dtype, "normal")
         self.up_proj = _param(rngs, (h, i), ("embed", "mlp"), param_dtype, "normal")
         self.down_proj = _param(rngs, (i, h), ("mlp", "embed"), param_dtype, "normal")
         self.lora = nnx.data(None)  # LoRA adapters by projection name (jaxrl.models.lora.apply_lora), or None
 
     def __call__(self, x):
-        gate = _with_lora(self.lora, "gate_proj", x, dense(x, self.gate_proj[...].astype(self.dtype)))
-        up = _with_lora(self.lora, "up_proj", x, dense(x, self.up_proj[...].astype(self.dtype)))
+        def proj(x, w):
+            return project(x, w[...], self.dtype, self.matmul_dtype)
+
+        gate = _with_lora(self.lora, "gate_proj", x, proj(x, self.gate_proj))
+        up = _with_lora(self.lora, "up_proj", x, proj(x, self.up_proj))
         h = jax.nn.silu(gate) * up
-        return _with_lora(self.lora, "down_proj", h, dense(h, self.down_proj[...].astype(self.dtype)))
+        return _with_lora(self.lora, "down_proj", h, proj(h, self.down_proj))
 
 
 class Block(nnx.Module):
@@ -549,6 +571,7 @@ class Decoder(nnx.Module):
         self.cfg = cfg
         self.param_dtype = jnp.dtype(param_dtype)
         self.dtype = jnp.dtype(dtype)
+        self.matmul_dtype = None  # the LM head's operand dtype when not `dtype` (as Attention.matmul_dtype)
         self.remat = bool(remat)
         self.inv_freq = tuple(float(f) for f in rope_inv_freq(cfg))  # static, hashable
         self.embed_tokens = _param(
@@ -790,9 +813,10 @@ class Decoder(nnx.Module):
         first and skip the ``[B, P, V]`` prompt-position logits.
         """
         x = hidden.astype(self.dtype)
+        md = self.matmul_dtype or self.dtype
         if self.lm_head is None:  # tied: the embedding [V, H] read as the head
-            logits = dense(x, self.embed_tokens[...].astype(self.dtype), transposed=True,
+            logits = dense(x.astype(md), self.embed_tokens[...].astype(md), transposed=True,
                            preferred_element_type=jnp.float32)
         else:
-            logits = dense(x, self.lm_head[...].astype(self.dtype), preferred_element_type=jnp.float32)
+            logits = dense(x.astype(md), self.lm_head[...].astype(md), preferred_element_type=jnp.float32)
         return logits.astype(jnp.float32)

@@ -85,6 +85,7 @@ def make_rollout_engine(cfg, model_cfg, graphdef, params, tokenizer, *, mesh: Me
         kwargs = dict(
             pad_token_id=int(pad), eos_token_ids=tuple(model_cfg.eos_token_id),
             max_prompt_length=_engine_prompt_length(cfg), max_batch_size=rc.micro_batch_size or None,
+            dtype=rc.dtype,
         )
         if mesh is None:
             return JaxSampler(model_cfg, graphdef, params, packed_prefill=rc.packed_prefill, **kwargs)
@@ -105,6 +106,7 @@ def make_rollout_engine(cfg, model_cfg, graphdef, params, tokenizer, *, mesh: Me
         work_dir=Path(cfg.trainer.default_local_dir), sync_timeout_s=rc.update_weights_timeout_s,
         # sleep/wake exists on CUDA only; elsewhere free_cache_engine means "reset the prefix cache" (always done)
         enable_sleep_mode=bool(rc.free_cache_engine) and current_platform.is_cuda(),
+        dtype=rc.dtype,  # None: float32 on CPU, the params' dtype on GPU
     )
     if split:
         from jaxrl.rollout.vllm_worker import VllmWorkerEngine

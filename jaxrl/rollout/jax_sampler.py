@@ -65,6 +65,18 @@ from sharding.rules import Rules
 __all__ = ["JaxSampler"]
 
 _MIN_STOP_SLOTS = 8
+_ROLLOUT_DTYPES = (None, "float32", "bfloat16")
+
+
+def _rollout_attributes(model_dtype, dtype: str | None) -> dict:
+    """The decoder attributes a rollout in ``dtype`` sets (:meth:`JaxSampler._model`) on a model computing in
+    ``model_dtype``: none when ``dtype`` is None or ``model_dtype``; ``matmul_dtype`` for bfloat16 on a float32 model;
+    ``dtype`` (every module's compute dtype) for float32 on a bfloat16 model."""
+    if dtype is None or jnp.dtype(dtype) == jnp.dtype(model_dtype):
+        return {}
+    if jnp.dtype(dtype) == jnp.bfloat16 and jnp.dtype(model_dtype) == jnp.float32:
+        return {"matmul_dtype": jnp.dtype(jnp.bfloat16)}
+    return {"dtype": jnp.dtype(dtype)}
 
 
 def _per_layer(params):
@@ -106,6 +118,14 @@ class JaxSampler:
         :data:`sharding.rules.TENSOR_PARALLEL_RULES`); part of the declared :attr:`weight_format`.
       packed_prefill: without a mesh, prefill the prompts' real tokens laid end to end in one row (default)
         instead of the left-padded ``[B, P]`` batch; the same cache up to float32 summation order. Ignored on a mesh.
+      dtype: the rollout's compute dtype (verl's ``actor_rollout_ref.rollout.dtype``): None (default) = the
+        model's (``graphdef``'s) compute dtype. ``"bfloat16"`` for a float32 model: each ``generate`` call reads a
+        bfloat16 copy of the weight matrices (the embedding, projections and q/k/v biases; the norms' scales stay as
+        they are) and runs every projection and the LM head as a bfloat16 x bfloat16 -> float32 matmul
+        (:func:`jaxrl.models.decoder.project`); activations, attention, the KV cache and the sampling stay float32.
+        ``"float32"`` for a bfloat16 model: the whole forward in float32. Sampled log-probs then differ from the
+        policy's by the rounding, as a bfloat16 vLLM's do: the trainer's old-log-prob pass
+        (``actor.recompute_old_log_prob``) rescores the samples with the policy.
 
     Attributes:
       weight_format: the one weight format :meth:`update_weights` accepts (:class:`WeightFormat` ``"jax"``, on
@@ -131,6 +151,7 @@ class JaxSampler:
         mesh: Mesh | None = None,
         rules: Rules | None = None,
         packed_prefill: bool = True,
+        dtype: str | None = None,
     ) -> None:
         vocab = model_cfg.vocab_size
         if not isinstance(pad_token_id, (int, np.integer)) or not (0 <= pad_token_id < vocab):
@@ -149,6 +170,9 @@ class JaxSampler:
             raise ValueError(f"the rollout mesh needs a 'data' axis; got axes {mesh.axis_names}")
         if mesh is None and rules is not None:
             raise ValueError("rules= lays weights out on a mesh; pass mesh= too (or neither)")
+        if dtype not in _ROLLOUT_DTYPES:
+            raise ValueError(f"actor_rollout_ref.rollout.dtype={dtype!r} is invalid; valid: "
+                             + ", ".join(map(str, _ROLLOUT_DTYPES)) + " (None: the model's dtype)")
 
         self.model_cfg = model_cfg
         self.pad_token_id = int(pad_token_id)
@@ -159,6 +183,8 @@ class JaxSampler:
         self.cache_dtype = cache_dtype
         self.mesh = mesh
         self.packed_prefill = bool(packed_prefill) and mesh is None
+        # what _model sets on the decoder's modules: {} = the model as built
+        self._rollout_attrs = _rollout_attributes(nnx.merge(graphdef, _per_layer(params)).dtype, dtype)
         self.weight_format = WeightFormat.jax(mesh, rules)
         if mesh is None:
             self.engine_name = "jax sampler"
@@ -224,6 +250,25 @@ class JaxSampler:
             raise WeightFormatError(f"{self.engine_name} takes per-layer weights; got the scan layout (stacked layers)")
 
     # ------------------------------------------------------------------ jitted programs
+    def _model(self, params):
+        """The decoder on ``params`` inside a jitted program, computing in the rollout's ``dtype``
+        (``nnx.Module.set_attributes`` on the merged copy; the graphdef and the trainer's model are untouched)."""
+        model = nnx.merge(self._graphdef, params)
+        if self._rollout_attrs:
+            model.set_attributes(**self._rollout_attrs, raise_if_not_found=False)
+        return model
+
+    def _call_weights(self):
+        """The weights one ``generate`` call reads: per-layer (a copy of the layers when held stacked); with a
+        bfloat16 rollout of a float32 model a bfloat16 copy of every weight matrix (``ndim >= 2``; the norms' scales
+        stay as they are)."""
+        weights = unstacked_copy(self._params)  # the layers only: the embedding stays the actor's array
+        md = self._rollout_attrs.get("matmul_dtype")
+        if md is None:
+            return weights
+        return jax.tree.map(lambda w: w.astype(md) if w.ndim >= 2 and jnp.issubdtype(w.dtype, jnp.floating) else w,
+                            weights)
+
     def _prefill(self, params, input_ids, prompt_mask, *, max_new_tokens: int):
         """The jitted prefill (:meth:`_prefill_impl`), its row inputs placed on the mesh first (with one)."""
         if self.mesh is not None:
@@ -277,7 +322,7 @@ class JaxSampler:
         batch, width = input_ids.shape
         cache = init_cache(self.model_cfg, batch, width + max_new_tokens - 1, self.cache_dtype)
         if width > 1:
-            model = nnx.merge(self._graphdef, params)
+            model = self._model(params)
             positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=-1) - 1, 0).astype(jnp.int32)
             attn = _cache_mask(prompt_mask, max_new_tokens)
             _, cache = model(
@@ -295,7 +340,7 @@ class JaxSampler:
         """
         self._num_traces += 1
         cache = init_cache(self.model_cfg, *shape, self.cache_dtype)
-        model = nnx.merge(self._graphdef, params)
+        model = self._model(params)
         cache = model.prefill_packed(packed.input_ids, packed.positions, packed.segment_cols, cache, packed.rows,
                                      packed.slots)
         return jax.tree.map(lambda x: jnp.take(x, row_map, axis=1), cache)
@@ -320,7 +365,7 @@ class JaxSampler:
         self._num_traces += 1
         batch, width = prompt_mask.shape
         r = cache.k.shape[3] - width + 1
-        model = nnx.merge(self._graphdef, params)
+        model = self._model(params)
         attn = _cache_mask(prompt_mask, r)
         prompt_len = prompt_mask.sum(axis=-1).astype(jnp.int32)
         pad = jnp.int32(self.pad_token_id)
@@ -436,7 +481,7 @@ class JaxSampler:
         self.last_decode_steps = 0
         # per-layer weights for this call only (the decode reads each layer's arrays; slicing a stacked weight inside
         # the loop would copy it every step)
-        weights = unstacked_copy(self._params)  # the layers only: the embedding stays the actor's array
+        weights = self._call_weights()
         out_ids, out_mask, out_logp = [], [], []
         for start in range(0, rows, chunk):
             stop = min(start + chunk, rows)

@@ -237,6 +237,7 @@ def test_bad_choice_names_valid_values(override, valid):
     ("actor_rollout_ref.actor.clip_ratio_c=1.0", "(1.0, inf)"),
     ("actor_rollout_ref.rollout.top_p=0", "(0.0, 1.0]"),
     ("actor_rollout_ref.rollout.gpu_memory_utilization=1.5", "(0.0, 1.0]"),
+    ("actor_rollout_ref.rollout.dtype=float16", "null (the model's dtype) or one of 'float32', 'bfloat16'"),
     ("trainer.test_freq=0", "-1 (off)"),
     ("algorithm.gamma=1.5", "[0.0, 1.0]"),
     ("actor_rollout_ref.rollout.max_new_tokens=600", "data.max_response_length=512"),
@@ -261,6 +262,16 @@ def test_bad_choice_names_valid_values(override, valid):
 def test_range_errors(override, expected):
     msg = _error(None, [override])
     assert override.split("=")[0] in msg and expected in msg
+
+
+def test_rollout_dtype_is_verls_key_and_jetstream_refuses_another_dtype():
+    assert load_config(None).actor_rollout_ref.rollout.dtype is None  # null: the model's dtype
+    cfg = load_config(None, ["actor_rollout_ref.rollout.dtype=bfloat16", "actor_rollout_ref.model.dtype=float32"])
+    assert cfg.actor_rollout_ref.rollout.dtype == "bfloat16"
+    assert not load_config_with_notes(None, ["actor_rollout_ref.rollout.dtype=bfloat16"]).notes  # a real key now
+    msg = _error(None, ["actor_rollout_ref.rollout.name=jetstream", "actor_rollout_ref.rollout.dtype=float32"])
+    assert "rollout.dtype='float32' differs from actor_rollout_ref.model.dtype='bfloat16'" in msg
+    load_config(None, ["actor_rollout_ref.rollout.name=jetstream", "actor_rollout_ref.rollout.dtype=bfloat16"])
 
 
 def test_reward_model_keys_as_verl_with_the_checks_when_enabled():
