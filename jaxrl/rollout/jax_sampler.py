@@ -315,7 +315,7 @@ class JaxSampler:
 
         Args: input_ids/prompt_mask int32 [U, P] (left-padded); row_map int32 [B] or None: row ``b`` of the
         returned cache is prompt ``row_map[b]``'s (None: one row per prompt, B = U).
-        Returns: KVCache [L, B, nKV, P + R - 1, D]; slots [0, P-1) hold the prompt (all but its last
+        Returns: KVCache (L arrays [B, nKV, P + R - 1, D] each); slots [0, P-1) hold the prompt (all but its last
         token, which the decode loop feeds first, so prefill never materialises [B, P, V] logits).
         """
         self._num_traces += 1
@@ -328,7 +328,7 @@ class JaxSampler:
             _, cache = model(
                 input_ids[:, :-1], positions[:, :-1], attn, cache=cache, cache_index=jnp.int32(0), return_hidden=True
             )
-        return cache if row_map is None else jax.tree.map(lambda x: jnp.take(x, row_map, axis=1), cache)
+        return cache if row_map is None else jax.tree.map(lambda x: jnp.take(x, row_map, axis=0), cache)
 
     def _prefill_packed_impl(self, params, packed, row_map, *, shape: tuple[int, int]):
         """:meth:`_prefill_impl` from prompts packed into one row (:func:`~jaxrl.rollout.prompt_packing.pack_prompts`).
@@ -336,14 +336,14 @@ class JaxSampler:
         Args: packed: the :class:`~jaxrl.rollout.prompt_packing.PackedPrompts` arrays ([1, N]); row_map int32
         [B] (row ``b`` of the returned cache is prompt ``row_map[b]``'s); shape: static ``(U, cache_len)``, the
         prompts and slots per row of the cache the packed tokens are written into.
-        Returns: KVCache [L, B, nKV, cache_len, D], the same slots filled as by :meth:`_prefill_impl`.
+        Returns: KVCache (L arrays [B, nKV, cache_len, D] each), the same slots filled as by :meth:`_prefill_impl`.
         """
         self._num_traces += 1
         cache = init_cache(self.model_cfg, *shape, self.cache_dtype)
         model = self._model(params)
         cache = model.prefill_packed(packed.input_ids, packed.positions, packed.segment_cols, cache, packed.rows,
                                      packed.slots)
-        return jax.tree.map(lambda x: jnp.take(x, row_map, axis=1), cache)
+        return jax.tree.map(lambda x: jnp.take(x, row_map, axis=0), cache)
 
     def _decode_impl(self, params, cache, input_ids, prompt_mask, row_ids, row_valid, stop_ids, controls):
         """Sample up to R tokens (R = cache length - P + 1), one while_loop step per token.
@@ -364,7 +364,7 @@ class JaxSampler:
         """
         self._num_traces += 1
         batch, width = prompt_mask.shape
-        r = cache.k.shape[3] - width + 1
+        r = cache.k[0].shape[2] - width + 1
         model = self._model(params)
         attn = _cache_mask(prompt_mask, r)
         prompt_len = prompt_mask.sum(axis=-1).astype(jnp.int32)

@@ -7,7 +7,7 @@ abstract methods. JetStream's own orchestrator can drive it (:mod:`jaxrl.rollout
 trainer drives it through :class:`jaxrl.rollout.jetstream_rollout.JetStreamRollout`.
 
 Decode state: ``S`` slots (``max_concurrent_decodes``) each with its own region of one KV cache
-``[L, S, nKV, C, D]`` (``C = max_target_length``, fixed), so :meth:`generate` compiles once. A slot's cache
+(``L`` arrays ``[S, nKV, C, D]``) (``C = max_target_length``, fixed), so :meth:`generate` compiles once. A slot's cache
 position ``p`` holds its token at RoPE position ``p`` (prompt tokens from 0), and each slot decodes at its own
 position: the decoder runs on all slots at once with a per-slot ``cache_index`` ``[S]``. The causal mask
 (key slot <= query slot) is the only attention mask a slot needs: everything after its position is either not
@@ -16,7 +16,7 @@ written yet or left over from a previous request, and both sit after the query.
 One request's life:
 
 * :meth:`prefill` - one right-padded prompt ``[Pb]`` (``Pb`` a power-of-two bucket >= 16, capped at
-  ``max_prefill_length``) through the decoder: its KV cache ``[L, 1, nKV, Pb, D]``, the logits at its last
+  ``max_prefill_length``) through the decoder: its KV cache (``L`` x ``[1, nKV, Pb, D]``), the logits at its last
   token, and the first response token sampled from them with its log-prob (a :class:`Prefix`).
 * :meth:`insert` - the prefix into a free slot: cache positions ``[0, Pb)``, the pending first token, the
   request's sampling settings (:class:`SlotControls`).
@@ -144,7 +144,7 @@ class Prefix(NamedTuple):
     """A prefilled prompt (:meth:`JetStreamEngine.prefill`), ready for :meth:`JetStreamEngine.insert`.
 
     Attributes:
-      cache: KVCache ``[L, 1, nKV, Pb, D]``: the prompt's keys/values at positions ``[0, Pb)`` (real up to
+      cache: KVCache (``L`` x ``[1, nKV, Pb, D]``): the prompt's keys/values at positions ``[0, Pb)`` (real up to
         ``true_length``).
       logits: float32 [V] at the last prompt token (for :meth:`JetStreamEngine.prefix_for_request`).
       true_length: int32 scalar, the prompt's token count.
@@ -164,7 +164,7 @@ class DecodeState(NamedTuple):
     """The decode slots (:meth:`JetStreamEngine.init_decode_state`); every field has ``S`` leading.
 
     Attributes:
-      cache: KVCache ``[L, S, nKV, C, D]``.
+      cache: KVCache (``L`` x ``[S, nKV, C, D]``).
       tokens: int32 [S], each slot's pending token (sampled, to be emitted and fed next step).
       log_probs: float32 [S], its log-prob.
       lengths: int32 [S], the pending token's position (= cache entries of the slot in use).
@@ -477,8 +477,8 @@ class JetStreamEngine(api.Engine):
                   and self.model_cfg.num_key_value_heads % mesh.shape["tensor"] == 0 else None)
 
         def spec(x):
-            if x.ndim == 5:  # cache [L, S, nKV, C, D]
-                return NamedSharding(mesh, PartitionSpec(None, data, tensor, None, None))
+            if x.ndim == 4:  # a layer's cache [S, nKV, C, D]
+                return NamedSharding(mesh, PartitionSpec(data, tensor, None, None))
             return NamedSharding(mesh, PartitionSpec(data))
 
         return jax.tree.map(spec, state)
@@ -491,7 +491,7 @@ class JetStreamEngine(api.Engine):
 
     # ------------------------------------------------------------------ JetStream API
     def init_decode_state(self, *args, **kwargs) -> DecodeState:
-        """Every slot free: a zero cache ``[L, S, nKV, C, D]`` and slot fields (arguments ignored); with a mesh,
+        """Every slot free: a zero cache (``L`` x ``[S, nKV, C, D]``) and slot fields (arguments ignored); with a mesh,
         built on it in its layout (slots over ``data``, kv heads over ``tensor``)."""
         return self._init_state_jit()
 
@@ -627,11 +627,9 @@ class JetStreamEngine(api.Engine):
 
     def _insert_impl(self, prefix: Prefix, state: DecodeState, slot) -> DecodeState:
         self._num_traces += 1
-        at = (0, slot, 0, 0, 0)
-        cache = KVCache(
-            jax.lax.dynamic_update_slice(state.cache.k, prefix.cache.k.astype(state.cache.k.dtype), at),
-            jax.lax.dynamic_update_slice(state.cache.v, prefix.cache.v.astype(state.cache.v.dtype), at),
-        )
+        at = (slot, 0, 0, 0)
+        cache = jax.tree.map(lambda whole, one: jax.lax.dynamic_update_slice(whole, one.astype(whole.dtype), at),
+                             state.cache, prefix.cache)
         controls = jax.tree.map(lambda s, p: s.at[slot].set(p), state.controls, prefix.controls)
         new = DecodeState(
             cache=cache, tokens=state.tokens.at[slot].set(prefix.token),

@@ -194,8 +194,9 @@ def test_kv_cache_decode_matches_full_recompute(name):
         np.testing.assert_allclose(step_logits[s + 1][:, 0], ref[:, prompt_len + s], atol=TOL, rtol=0)
     assert len(traces) == 2, "decode step retraced: cache_index must be traced, not static (1 prefill + 1 step)"
     # Slots never written stay zero; written slots do not.
-    k = np.asarray(cache.k)
-    assert k.shape[3] == max_len  # [L, B, nKV, S, D]
+    assert len(cache.k) == cfg.num_hidden_layers == len(cache.v)  # one buffer per layer
+    k = np.stack(cache.k)
+    assert k.shape[3] == max_len  # stacked: [L, B, nKV, S, D]
     assert np.all(k[:, :, :, prompt_len + steps :] == 0)
     assert np.all(np.abs(k[:, :, :, : prompt_len + steps]).sum(axis=(2, -1)) > 0)
 
@@ -208,22 +209,23 @@ def test_per_row_cache_index_equals_each_row_alone(name):
     max_len, lengths = 10, [6, 2, 4]
     rng = np.random.default_rng(3)
     cache = init_cache(cfg, len(lengths), max_len)
-    cache = type(cache)(*(jnp.asarray(rng.normal(size=c.shape).astype(np.float32)) for c in cache))  # prior content
+    cache = jax.tree.map(lambda c: jnp.asarray(rng.normal(size=c.shape).astype(np.float32)), cache)  # prior content
     tok = rng.integers(3, cfg.vocab_size, size=(len(lengths), 2)).astype(np.int32)  # T = 2 new tokens per row
     idx = np.asarray(lengths, np.int32)
     pos = idx[:, None] + np.arange(2, dtype=np.int32)
     mask = np.ones((len(lengths), max_len), np.int32)
     logits, new = model(jnp.asarray(tok), jnp.asarray(pos), jnp.asarray(mask), cache, jnp.asarray(idx))
+    new_k, new_v, old_k = np.stack(new.k), np.stack(new.v), np.stack(cache.k)  # [L, B, nKV, S, D]
     for b, n in enumerate(lengths):
-        one = type(cache)(cache.k[:, b: b + 1], cache.v[:, b: b + 1])
+        one = jax.tree.map(lambda c: c[b: b + 1], cache)
         want, want_cache = model(jnp.asarray(tok[b: b + 1]), jnp.asarray(pos[b: b + 1]), jnp.asarray(mask[b: b + 1]),
                                  one, int(n))
         np.testing.assert_allclose(np.asarray(logits[b]), np.asarray(want[0]), atol=TOL, rtol=0)
-        np.testing.assert_array_equal(np.asarray(new.k[:, b]), np.asarray(want_cache.k[:, 0]))
-        np.testing.assert_array_equal(np.asarray(new.v[:, b]), np.asarray(want_cache.v[:, 0]))
+        np.testing.assert_array_equal(new_k[:, b], np.stack(want_cache.k)[:, 0])
+        np.testing.assert_array_equal(new_v[:, b], np.stack(want_cache.v)[:, 0])
         keep = np.r_[0:n, n + 2:max_len]  # only slots n, n+1 were written
-        np.testing.assert_array_equal(np.asarray(new.k[:, b, :, keep]), np.asarray(cache.k[:, b, :, keep]))
-        assert not np.allclose(np.asarray(new.k[:, b, :, n]), np.asarray(cache.k[:, b, :, n]))
+        np.testing.assert_array_equal(new_k[:, b, :, keep], old_k[:, b, :, keep])
+        assert not np.allclose(new_k[:, b, :, n], old_k[:, b, :, n])
     with pytest.raises(ValueError, match=r"cache_index must be a scalar or \[batch\] = \(3,\); got shape \(2,\)"):
         model(jnp.asarray(tok), jnp.asarray(pos), jnp.asarray(mask), cache, jnp.asarray(idx[:2]))
 
@@ -380,6 +382,10 @@ def test_bad_inputs_raise():
         model(ids, jnp.zeros((2, 3), jnp.int32), jnp.ones((2, 8), jnp.int32), cache)
     with pytest.raises(ValueError, match="out of range"):
         model(ids, jnp.zeros((2, 3), jnp.int32), jnp.ones((2, 8), jnp.int32), cache, 6)
+    with pytest.raises(ValueError, match=rf"cache k/v must be {cfg.num_hidden_layers} arrays each of shape"):
+        model(ids, jnp.zeros((2, 3), jnp.int32), jnp.ones((2, 8), jnp.int32), cache._replace(k=cache.k[:-1]), 0)
+    with pytest.raises(ValueError, match=r"\[batch, kv_heads, max_len, head_dim\] = \(2, "):
+        model(ids, jnp.zeros((2, 3), jnp.int32), jnp.ones((2, 8), jnp.int32), init_cache(cfg, 3, 8), 0)
     with pytest.raises(ValueError, match="batch"):
         init_cache(cfg, 0, 8)
 

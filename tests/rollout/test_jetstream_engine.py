@@ -142,7 +142,8 @@ def test_prefill_insert_generate_by_hand(tiny, sampler, rollouts):
     prefix = engine.prefill(params=engine.load_params(), padded_tokens=padded, true_length=true_length)
     assert int(prefix.token) == expected[0]
     np.testing.assert_allclose(float(prefix.log_prob), ref_lp[0], atol=1e-5)
-    assert prefix.cache.k.shape == (cfg.num_hidden_layers, 1, cfg.num_key_value_heads, 16, cfg.head_dim)
+    assert len(prefix.cache.k) == cfg.num_hidden_layers
+    assert all(k.shape == (1, cfg.num_key_value_heads, 16, cfg.head_dim) for k in prefix.cache.k)
 
     state = engine.insert(prefix, engine.init_decode_state(), slot=2)
     got, lps = [], []

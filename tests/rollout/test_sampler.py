@@ -421,7 +421,7 @@ def test_prefill_packed_fills_the_padded_prefill_cache(cfg, model, sampler):
     for i, p in enumerate(prompts):
         filled[i, width - len(p): width - 1] = True
     for g, w in ((got.k, want.k), (got.v, want.v)):
-        g, w = (np.moveaxis(np.asarray(x), 3, 2) for x in (g, w))  # [L, B, nKV, S, D] -> [L, B, S, nKV, D]
+        g, w = (np.moveaxis(np.stack(x), 3, 2) for x in (g, w))  # per layer [B, nKV, S, D] -> [L, B, S, nKV, D]
         np.testing.assert_allclose(g[:, filled], w[:, filled], atol=1e-5)
         assert not g[:, ~filled].any()  # padding, the last prompt tokens and generated slots untouched
         assert np.abs(w[:, filled]).min() > 0

@@ -204,6 +204,40 @@ def test_failure_inside_vllm_makes_the_engine_refuse_everything(tiny):
         sync.sync(state)
 
 
+def test_rollout_dtype_bfloat16_runs_vllm_in_bfloat16_and_follows_syncs(tmp_path):
+    """``actor_rollout_ref.rollout.dtype=bfloat16`` reaches vLLM through the run's factory: its model computes in
+    bfloat16, takes the trainer's float32 weights at a sync, and samples what the policy's float32 recompute scores
+    within bfloat16 rounding."""
+    import torch
+    from types import SimpleNamespace
+
+    from jaxrl.config import load_config
+    from jaxrl.rollout.factory import make_rollout_engine
+
+    cfg = tiny_cfg("qwen2")
+    graphdef, state = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
+    state = scaled(state, 4.0, seed=1)
+    run = load_config(None, ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.dtype=bfloat16",
+                             "actor_rollout_ref.model.dtype=float32", f"data.max_prompt_length={P}",
+                             f"data.max_response_length={R}", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+                             f"trainer.default_local_dir={tmp_path}"])
+    engine = make_rollout_engine(run, cfg, graphdef, state, SimpleNamespace(pad_token_id=PAD))
+    try:
+        assert isinstance(engine, VllmEngine)
+        assert engine.llm.llm_engine.model_config.dtype == torch.bfloat16
+        sync = WeightSync.for_engine(engine, state, model_cfg=cfg)
+        greedy = SamplingParams(n=1, do_sample=False, max_new_tokens=R)
+        new = scaled(state, 1.0, seed=7)
+        sync.sync(new)  # float32 weights into the bfloat16 engine
+        out = engine.generate(PROMPTS, greedy)
+        ref = recompute_log_probs(graphdef, new, out, temperature=1.0)
+        gap = np.abs(out.rollout_log_probs - ref)[out.response_mask.astype(bool)]
+        print(f"bfloat16 vLLM vs float32 recompute: max |log-prob gap| {gap.max():.2e}, median {np.median(gap):.2e}")
+        assert out.num_generated_tokens > 0 and np.median(gap) < 0.05 and gap.max() > 1e-5, gap
+    finally:
+        engine.shutdown()
+
+
 # ------------------------------------------------------------------------------------------- real model
 def test_smollm2_greedy_matches_jax_sampler_across_syncs(shared, tmp_path):
     from jaxrl.models import load_pretrained

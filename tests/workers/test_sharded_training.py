@@ -272,7 +272,7 @@ def test_sampler_after_sync_generates_what_the_actor_params_generate(policy, sin
     # Generated rows are split over the rollout mesh's data axis (KV cache batch dim sharded over "data").
     ids, mask = np.zeros((8, 8), np.int32), np.ones((8, 8), np.int32)
     cache = sampler._prefill(sampler.params, ids, mask, max_new_tokens=4)
-    assert cache.k.sharding.spec[1] == "data"
+    assert all(k.sharding.spec[0] == "data" for k in cache.k)  # each layer's [B, nKV, S, D]
 
 
 # -- placement and config errors --------------------------------------------------------------------------------
