@@ -79,7 +79,6 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=jnp.float32) ->
     return KVCache(k=tuple(jnp.zeros(shape, dtype) for _ in layers), v=tuple(jnp.zeros(shape, dtype) for _ in layers))
 
 
-
 # ----------------------------------------------------------------------------------------------- pure math
 def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
     """Inverse RoPE frequencies ``[head_dim // 2]`` float32 for ``cfg`` (default, linear or llama3 scaling).
