@@ -248,8 +248,9 @@ class RolloutConfig:
     packed_prefill: bool = True
     # the rollout's compute dtype: "bfloat16" | "float32"; null = actor_rollout_ref.model.dtype (verl's default is
     # bfloat16). jax sampler, bfloat16 for a float32 model: weight matrices copied to bfloat16 per generate call and
-    # every projection a bfloat16 x bfloat16 -> float32 matmul, activations / attention / KV cache float32 (on CPUs with
-    # AMX about 1.5x the decode tokens/s); the old-log-prob pass rescores the samples in the policy's dtype. vLLM: its
+    # every projection a bfloat16 x bfloat16 -> float32 matmul, activations / attention / KV cache float32 (SmolLM2 on
+    # a CPU with AMX: 1.1-1.5x the decode tokens/s at 8-64 rows, slower at 1); the old-log-prob pass rescores the
+    # samples in the policy's dtype. vLLM: its
     # dtype (null: float32 on CPU, the params' dtype on GPU). JetStream: only null or the model's dtype.
     dtype: Optional[str] = None
     # JetStream: most decode slots (sequences decoded at once, continuous batching); it uses one slot per row of a
