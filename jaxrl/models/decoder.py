@@ -674,15 +674,15 @@ class Decoder(nnx.Module):
                 raise ValueError("segment_ids (packed rows) are not supported with a KV cache")
             if cache_index is None:
                 raise ValueError("cache_index is required when a cache is passed")
-            got = [tuple(a.shape) for a in (*cache.k, *cache.v)]
-            expected = (b, cfg.num_key_value_heads, got[0][2] if got and len(got[0]) == 4 else -1, cfg.head_dim)
-            if len(cache.k) != cfg.num_hidden_layers or len(cache.v) != cfg.num_hidden_layers or any(
-                    g != expected for g in got):
+            n = cfg.num_hidden_layers
+            s = cache.k[0].shape[2] if cache.k and cache.k[0].ndim == 4 else -1
+            expected = (b, cfg.num_key_value_heads, s, cfg.head_dim)
+            shapes = {tuple(a.shape) for a in (*cache.k, *cache.v)}
+            if len(cache.k) != n or len(cache.v) != n or shapes != {expected}:
                 raise ValueError(
-                    f"cache k/v must be {cfg.num_hidden_layers} arrays each of shape [batch, kv_heads, max_len, "
-                    f"head_dim] = {expected}; got {len(cache.k)} / {len(cache.v)} arrays of shapes {sorted(set(got))}"
+                    f"cache k/v must be {n} arrays each of shape [batch, kv_heads, max_len, head_dim] = {expected}; "
+                    f"got {len(cache.k)} / {len(cache.v)} arrays of shapes {sorted(shapes)}"
                 )
-            s = expected[2]
             if attention_mask.shape != (b, s):
                 raise ValueError(
                     f"with a cache attention_mask must have shape [batch, max_len] = {(b, s)}; "
@@ -817,10 +817,7 @@ class Decoder(nnx.Module):
         first and skip the ``[B, P, V]`` prompt-position logits.
         """
         x = hidden.astype(self.dtype)
-        md = self.matmul_dtype or self.dtype
+        md = self.matmul_dtype or self.dtype  # operands in the compute (or matmul) dtype, accumulated in float32
         if self.lm_head is None:  # tied: the embedding [V, H] read as the head
-            logits = dense(x.astype(md), self.embed_tokens[...].astype(md), transposed=True,
-                           preferred_element_type=jnp.float32)
-        else:
-            logits = dense(x.astype(md), self.lm_head[...].astype(md), preferred_element_type=jnp.float32)
-        return logits.astype(jnp.float32)
+            return project(x, self.embed_tokens[...], jnp.float32, md, transposed=True)
+        return project(x, self.lm_head[...], jnp.float32, md)
