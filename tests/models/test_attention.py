@@ -11,7 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl.models.decoder import cached_gqa_attention, causal_gqa_attention, causal_query_block, gqa_attention
+from jaxrl.models.decoder import (
+    DECODE_REDUCE_MIN_ROWS,
+    cached_gqa_attention,
+    causal_gqa_attention,
+    causal_query_block,
+    gqa_attention,
+)
 
 
 def _inputs(b, t, nh=6, nkv=2, d=8, seed=0, dtype=jnp.float32):
@@ -103,16 +109,19 @@ def test_shape_mismatch_is_a_clear_error():
         causal_gqa_attention(q, k, v, jnp.ones((1, 8, 8), bool), block=0)
 
 
-@pytest.mark.parametrize("t,s", [(1, 23), (1, 64), (5, 40), (16, 16)])
-def test_cached_attention_equals_plain(t, s):
+@pytest.mark.parametrize("b,t,s", [(3, 1, 23), (3, 1, 64), (3, 5, 40), (3, 16, 16),
+                                   (DECODE_REDUCE_MIN_ROWS, 1, 23), (DECODE_REDUCE_MIN_ROWS + 3, 1, 64),
+                                   (DECODE_REDUCE_MIN_ROWS + 1, 5, 40)])
+def test_cached_attention_equals_plain(b, t, s):
     """The KV-cache form (keys/values ``[B, nKV, S, D]``, kv-head-major) equals gqa_attention on ``[B, S, nKV, D]``:
-    one decode query (t=1) or a chunk of queries (prefill through the cache), left padding and a causal offset,
-    a fully masked row finite; a kv-head/group mix-up would pair queries with the wrong keys."""
-    b, nh, nkv, d = 3, 6, 2, 8
-    r = np.random.RandomState(t * 100 + s)
+    one decode query (t=1: the matmul form below ``DECODE_REDUCE_MIN_ROWS`` rows, the product-reduce form from it)
+    or a chunk of queries (prefill through the cache), left padding and a causal offset, a fully masked row finite;
+    a kv-head/group mix-up would pair queries with the wrong keys."""
+    nh, nkv, d = 6, 2, 8
+    r = np.random.RandomState(b * 10000 + t * 100 + s)
     q = jnp.asarray(r.randn(b, t, nh, d), jnp.float32)
     k, v = (jnp.asarray(r.randn(b, s, nkv, d), jnp.float32) for _ in range(2))
-    start = np.array([0, 3, s // 2])  # left padding per row
+    start = np.array([0, 3, s // 2] * b)[:b]  # left padding per row
     q_slot = s - t + np.arange(t)  # the queries sit at the last t slots
     slot = np.arange(s)[None, None, :]
     mask = (slot <= q_slot[None, :, None]) & (slot >= start[:, None, None])
@@ -122,3 +131,25 @@ def test_cached_attention_equals_plain(t, s):
     out = np.asarray(cached_gqa_attention(q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), mask))
     assert out.shape == (b, t, nh, d) and np.isfinite(out).all()
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_decode_form_is_chosen_by_rows_and_keeps_the_dtype():
+    """One query per row: two batched matmuls below ``DECODE_REDUCE_MIN_ROWS`` rows, no matmul from it (products
+    reduced over D and S); a bfloat16 query / cache stays bfloat16 out and close to the float32 result."""
+    nh, nkv, d, s = 6, 2, 8, 16
+    r = np.random.RandomState(7)
+
+    def inputs(b, dtype=jnp.float32):
+        q = jnp.asarray(r.randn(b, 1, nh, d), dtype)
+        k, v = (jnp.asarray(r.randn(b, nkv, s, d), dtype) for _ in range(2))
+        return q, k, v, jnp.ones((b, 1, s), bool)
+
+    def dots(b):
+        return str(jax.make_jaxpr(cached_gqa_attention)(*inputs(b))).count("dot_general")
+
+    assert dots(DECODE_REDUCE_MIN_ROWS - 1) == 2 and dots(DECODE_REDUCE_MIN_ROWS) == 0
+    q, k, v, mask = inputs(DECODE_REDUCE_MIN_ROWS, jnp.bfloat16)
+    out = cached_gqa_attention(q, k, v, mask)
+    ref = cached_gqa_attention(*(x.astype(jnp.float32) for x in (q, k, v)), mask)
+    assert out.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref), atol=2e-2)
