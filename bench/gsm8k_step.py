@@ -22,7 +22,13 @@ the first step, the response length and real tokens per step, and the peak ``per
 Every variant sees the same prompts (same seed), and the sampled responses agree between the float32-rollout
 variants (identical rollout code and weights), so the work per step is the same and ratios are meaningful.
 
-Run: ``python bench/gsm8k_step.py [--steps 4] [--baseline-rev cd79688]`` (about 7 minutes per variant on 2 cores).
+``--rounds N`` runs every variant and the baseline N times, interleaved (round ``i`` runs each once, the order
+rotated by ``i``), and reports each ratio to the baseline as the median of the per-round ratios: on a VM whose speed
+drifts by up to 1.5x within an hour (the baseline's two steps in one run: 113 and 176 s), runs far apart in time do
+not compare.
+
+Run: ``python bench/gsm8k_step.py [--steps 4] [--baseline-rev cd79688] [--rounds 2]`` (about 7 minutes per variant
+and round on 2 cores).
 Writes ``bench/results/gsm8k_step.md``.
 """
 
@@ -62,8 +68,9 @@ def worktree(rev: str) -> Path:
     return path
 
 
-def run_variant(name: str, overrides: list[str], steps: int, code: Path = ROOT) -> dict:
-    out = WORK_DIR / "gsm8k_step" / name.replace("@", "-at-")
+def run_variant(name: str, overrides: list[str], steps: int, code: Path = ROOT, round_: int = 0) -> dict:
+    """One training process of ``steps`` steps (the CLI, ``code``'s revision): its step times, phases, lengths."""
+    out = WORK_DIR / "gsm8k_step" / f"{name.replace('@', '-at-')}-r{round_}"
     if out.exists():
         subprocess.run(["rm", "-rf", str(out)], check=True)
     data = ROOT / "outputs" / "data" / "gsm8k"  # absolute: an older revision runs from its own worktree
@@ -89,6 +96,7 @@ def run_variant(name: str, overrides: list[str], steps: int, code: Path = ROOT) 
 
     return dict(
         name=name, wall_s=wall, steps=len(rows), first_step_s=rows[0]["timing_s/step"],
+        later_steps=[r["timing_s/step"] for r in later],
         step_s=med("timing_s/step"), step_min=min(r["timing_s/step"] for r in later),
         step_max=max(r["timing_s/step"] for r in later),
         phases={p: med(f"timing_s/{p}") for p in PHASES},
@@ -101,37 +109,70 @@ def run_variant(name: str, overrides: list[str], steps: int, code: Path = ROOT) 
     )
 
 
+def merge_rounds(runs: list[dict]) -> dict:
+    """One variant's runs (one per round) as one row: step statistics over every run's steps after its first, the
+    phases' medians over the runs, first step / wall / RSS of all runs (median / sum / max)."""
+    steps = [s for r in runs for s in r["later_steps"]]
+    med = statistics.median
+    return dict(
+        runs[0], wall_s=sum(r["wall_s"] for r in runs), first_step_s=med([r["first_step_s"] for r in runs]),
+        later_steps=steps, step_s=med(steps), step_min=min(steps), step_max=max(steps),
+        phases={p: (med(v) if (v := [r["phases"][p] for r in runs if r["phases"][p] is not None]) else None)
+                for p in PHASES},
+        peak_rss_gb=max((r["peak_rss_gb"] for r in runs if r["peak_rss_gb"] is not None), default=None),
+        round_step_s=[r["step_s"] for r in runs])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--baseline-rev", default=None, help="also run the padded config with this git revision's code")
     ap.add_argument("--variants", default="packed,padded", help="comma list of " + ", ".join(VARIANTS))
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every variant (and the baseline) this many times, interleaved, order rotated per round")
     ap.add_argument("--quick", action="store_true", help="2 steps, packed only")
     args = ap.parse_args()
+    if args.rounds < 1 or args.steps < 1:
+        ap.error(f"--rounds and --steps must be >= 1; got {args.rounds} and {args.steps}")
     if not (ROOT / "outputs/data/gsm8k/train.parquet").exists():
         subprocess.run([sys.executable, "-m", "jaxrl.data.prepare", "gsm8k", "--output", "outputs/data/gsm8k"],
                        cwd=ROOT, check=True)
     steps = 2 if args.quick else args.steps
     variants = ["packed"] if args.quick else args.variants.split(",")
-    results = []
     for v in variants:
         if v not in VARIANTS:
             raise SystemExit(f"--variants: unknown variant {v!r}; valid: {', '.join(VARIANTS)}")
-        results.append(run_variant(v, VARIANTS[v], steps))
-        print(json.dumps(results[-1]), flush=True)
+    runs: dict[str, list[dict]] = {}
+    jobs = [(v, VARIANTS[v], ROOT) for v in variants]
     if args.baseline_rev and not args.quick:
-        results.append(run_variant(f"padded@{args.baseline_rev}", [], steps, worktree(args.baseline_rev)))
-        print(json.dumps(results[-1]), flush=True)
+        jobs.append((f"padded@{args.baseline_rev}", [], worktree(args.baseline_rev)))
+    for i in range(args.rounds):  # round i runs every job once, the order rotated by i (neighbours in time pair up)
+        for name, overrides, code in jobs[i % len(jobs):] + jobs[:i % len(jobs)]:
+            runs.setdefault(name, []).append(run_variant(name, overrides, steps, code, i))
+            print(json.dumps(runs[name][-1]), flush=True)
+    results = [merge_rounds(runs[name]) for name, _, _ in jobs]
 
     base = results[-1]
+    # per-round ratio to the last row (the baseline when there is one): each round's median step over the baseline's
+    for r in results:
+        ratios = [a / b for a, b in zip(r["round_step_s"], base["round_step_s"])]
+        r["ratio"] = statistics.median(ratios)
+        r["ratio_range"] = (min(ratios), max(ratios))
     cmd = "python bench/gsm8k_step.py" + (f" --steps {args.steps}" if args.steps != 4 else "") + (
         f" --variants {args.variants}" if args.variants != "packed,padded" else "") + (
-        f" --baseline-rev {args.baseline_rev}" if args.baseline_rev else "")
+        f" --baseline-rev {args.baseline_rev}" if args.baseline_rev else "") + (
+        f" --rounds {args.rounds}" if args.rounds != 1 else "")
     lines = header_lines(
         "GSM8K GRPO step on SmolLM2-135M: packed rows and token-budget micro-batches vs padded", cmd,
-        [f"config: `{CONFIG}` (4 prompts x n=4, prompt <= 256, response <= 128, KL loss), {steps} steps per variant, "
-         "validation and checkpoints off; variants run one after another",
-         "step s: median over the steps after the first (min-max); first step: includes compilation",
+        [f"config: `{CONFIG}` (4 prompts x n=4, prompt <= 256, response <= 128, KL loss), {steps} steps per run, "
+         "validation and checkpoints off; " + (
+             "variants run one after another" if args.rounds == 1 else
+             f"{args.rounds} rounds, each running every variant once (one process each) in turn, the order rotated "
+             "per round"),
+         "step s: median over every run's steps after its first (min-max); first step: includes compilation "
+         "(median over the runs); phases: median over the runs",
+         "step / last row's: the median of the per-round ratios of the runs' median steps (min-max when several "
+         "rounds)",
          "step-end RSS: the largest perf/cpu_memory_used_gb of the run, read at each step's end after free "
          "memory is handed back (not the peak inside a step: bench/memory.py measures that)"])
     lines += ["| variant | step s | first step s | gen | old_log_prob | ref | update_actor | response len | "
@@ -142,8 +183,11 @@ def main() -> None:
         lines.append(f"| {r['name']} | {r['step_s']:.1f} ({r['step_min']:.1f}-{r['step_max']:.1f}) | "
                      f"{r['first_step_s']:.1f} | {fmt(ph['gen'])} | {fmt(ph['old_log_prob'])} | {fmt(ph['ref'])} | "
                      f"{fmt(ph['update_actor'])} | {r['response_length']:.1f} | {r['real_tokens']:.0f} | "
-                     f"{fmt(r['peak_rss_gb'], 2)} | {r['step_s'] / base['step_s']:.2f}x |")
-    lines += ["", *[f"- {r['name']}: `{r['command']}`; process wall {r['wall_s']:.0f} s" for r in results]]
+                     f"{fmt(r['peak_rss_gb'], 2)} | {r['ratio']:.2f}x" + (
+                         f" ({r['ratio_range'][0]:.2f}-{r['ratio_range'][1]:.2f})" if args.rounds > 1 else "") + " |")
+    lines += ["", *[f"- {r['name']}: `{r['command']}`; process wall {r['wall_s']:.0f} s"
+                    + (" (all rounds), per-round median steps " + ", ".join(f"{x:.1f}" for x in r["round_step_s"])
+                       if args.rounds > 1 else "") for r in results]]
     md, _ = write_section("gsm8k_step", lines, results)
     print(f"wrote {md}")
 
