@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -66,6 +67,15 @@ __all__ = ["JaxSampler"]
 
 _MIN_STOP_SLOTS = 8
 _ROLLOUT_DTYPES = (None, "float32", "bfloat16")
+
+
+@partial(jax.jit, static_argnums=1)
+def _per_layer_matrices_as(params, dtype):
+    """``params`` per layer (:func:`unstack_layers`) with every floating leaf of 2+ dimensions (the weight matrices,
+    the embedding) in ``dtype``; other leaves as they are. One jitted program: XLA fuses each layer's slice with its
+    cast, so the output is the only copy (unstacking first, then casting, held a float32 copy of the layers too)."""
+    return jax.tree.map(lambda w: w.astype(dtype) if w.ndim >= 2 and jnp.issubdtype(w.dtype, jnp.floating) else w,
+                        unstack_layers(params))
 
 
 def _rollout_attributes(model_dtype, dtype: str | None) -> dict:
@@ -261,13 +271,12 @@ class JaxSampler:
     def _call_weights(self):
         """The weights one ``generate`` call reads: per-layer (a copy of the layers when held stacked); with a
         bfloat16 rollout of a float32 model a bfloat16 copy of every weight matrix (``ndim >= 2``; the norms' scales
-        stay as they are)."""
-        weights = unstacked_copy(self._params)  # the layers only: the embedding stays the actor's array
+        stay as they are), unstacked and cast by one program (:func:`_per_layer_matrices_as`), so no float32
+        per-layer copy is held beside the bfloat16 one."""
         md = self._rollout_attrs.get("matmul_dtype")
         if md is None:
-            return weights
-        return jax.tree.map(lambda w: w.astype(md) if w.ndim >= 2 and jnp.issubdtype(w.dtype, jnp.floating) else w,
-                            weights)
+            return unstacked_copy(self._params)  # the layers only: the embedding stays the actor's array
+        return _per_layer_matrices_as(self._params, md)
 
     def _prefill(self, params, input_ids, prompt_mask, *, max_new_tokens: int):
         """The jitted prefill (:meth:`_prefill_impl`), its row inputs placed on the mesh first (with one)."""

@@ -19,7 +19,7 @@ from flax import nnx
 from jaxrl.models.config import ModelConfig
 from jaxrl.models.decoder import Decoder, init_cache, project
 from jaxrl.rollout import JaxSampler, SamplingParams
-from jaxrl.rollout.jax_sampler import _rollout_attributes
+from jaxrl.rollout.jax_sampler import _per_layer_matrices_as, _rollout_attributes
 
 PAD, BOS, EOS = 0, 1, 2
 R = 8
@@ -157,3 +157,31 @@ def test_the_run_config_key_reaches_the_sampler():
                                  if value else "actor_rollout_ref.rollout.dtype=null"])
         engine = make_rollout_engine(run, cfg, graphdef, params, SimpleNamespace(pad_token_id=PAD))
         assert isinstance(engine, JaxSampler) and engine._rollout_attrs == attrs
+
+
+def test_bfloat16_weights_from_the_scan_layout_are_one_cast_copy():
+    """Stacked (scan-layout) float32 weights become per-layer bfloat16 matrices in one program whose temporaries
+    hold no float32 copy of the layers (unstacking, then casting, held one), with the same values as the cast of
+    the per-layer weights; the sampler generates from them as from per-layer weights."""
+    from jaxrl.models.scan_layout import stack_layers
+
+    cfg = _cfg(vocab_size=512, hidden_size=128, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+               head_dim=32, num_hidden_layers=4)
+    model = Decoder(cfg, rngs=nnx.Rngs(0), dtype=jnp.float32, remat=True)
+    graphdef, state = nnx.split(model)
+    _, stacked = stack_layers(graphdef, state)
+    per_layer = _sampler(model, cfg, "bfloat16")
+    held_stacked = _sampler(model, cfg, "bfloat16")
+    held_stacked.update_weights(stacked)
+    got, want = held_stacked._call_weights(), per_layer._call_weights()
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert a.dtype == b.dtype and (a.ndim < 2 or a.dtype == jnp.bfloat16)
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    layer_f32 = sum(w.size * 4 for w in jax.tree.leaves(stacked) if w.ndim >= 3)
+    compiled = _per_layer_matrices_as.lower(stacked, jnp.dtype(jnp.bfloat16)).compile()
+    assert compiled.memory_analysis().temp_size_in_bytes < 0.25 * layer_f32
+    sp = SamplingParams(n=1, do_sample=True, temperature=1.0, max_new_tokens=R, seed=3)
+    a, b = held_stacked.generate(PROMPTS, sp), per_layer.generate(PROMPTS, sp)
+    np.testing.assert_array_equal(a.response_ids, b.response_ids)
+    np.testing.assert_array_equal(a.rollout_log_probs, b.rollout_log_probs)
