@@ -171,3 +171,54 @@ def test_free_memory_is_handed_back_after_every_compile(monkeypatch):
     assert len(calls) == 1
     f(x9).block_until_ready()  # a new shape: a new compile
     assert len(calls) == 2
+
+
+_TRIM_PROBE = """
+import ctypes, json, sys
+from jaxrl import host_memory
+
+class Mallinfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.mallinfo2.restype = Mallinfo2
+set_it = host_memory.use_mmap_for_large_buffers()
+blocks = [libc.malloc(512 << 10) for _ in range(12)]  # 6 MiB under the 1 MiB mmap threshold: the heap grows
+held = libc.mallinfo2().arena
+for p in reversed(blocks):
+    libc.free(p)
+freed = libc.mallinfo2().arena  # the free top: kept under an 8 MiB trim threshold, given back under 128 KiB
+host_memory.release_free_memory()
+print(json.dumps({"set": set_it, "held_mib": held >> 20, "after_free_mib": freed >> 20,
+                  "after_trim_mib": libc.mallinfo2().arena >> 20}))
+"""
+
+
+@pytest.mark.skipif(not GLIBC, reason="mallopt / mallinfo2 are glibc's")
+@pytest.mark.parametrize("mode", ["set", "env"])
+def test_the_heap_top_is_kept_between_allocations_until_the_explicit_trim(mode):
+    """With the threshold fixed, 6 MiB freed at the heap's top stays mapped (glibc's static 128 KiB trim threshold
+    would hand it back and fault it in again at the next allocation: XLA:CPU allocates with every op) until
+    release_free_memory hands it back. A user's MALLOC_TRIM_THRESHOLD_ stands."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    env.pop("MALLOC_MMAP_THRESHOLD_", None)
+    env.pop("MALLOC_TRIM_THRESHOLD_", None)
+    if mode == "env":
+        env["MALLOC_TRIM_THRESHOLD_"] = str(128 << 10)  # the user's (glibc's static default)
+    out = subprocess.run([sys.executable, "-c", _TRIM_PROBE], env=env, capture_output=True, text=True, timeout=120,
+                         check=True)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["set"] is True and r["held_mib"] >= 6, r
+    if mode == "set":
+        assert r["after_free_mib"] >= 6 and r["after_trim_mib"] < 2, r
+    else:
+        assert r["after_free_mib"] < 2, r
