@@ -44,7 +44,7 @@ import os
 M_TRIM_THRESHOLD = -1  # glibc <malloc.h>
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 1 << 20
-TRIM_THRESHOLD_BYTES = 8 << 20
+TRIM_THRESHOLD_BYTES = 4 << 20
 
 
 @functools.cache
@@ -82,7 +82,7 @@ def use_mmap_for_large_buffers(nbytes: int = MMAP_THRESHOLD_BYTES) -> bool:
     twice the mmap threshold): the heap's top is then handed back with ``sbrk`` / ``madvise`` whenever more than
     128 KiB is free there and faulted in again at the next allocation, which XLA:CPU's kernels make with every op
     (decode steps, forward and backward passes). So the trim threshold is set to ``TRIM_THRESHOLD_BYTES``
-    too (8 MiB: above the few MiB those kernels allocate and free again, below what would let phases stack),
+    too (4 MiB: above the few MiB those kernels allocate and free again, below what would let phases stack),
     unless ``MALLOC_TRIM_THRESHOLD_`` is set; the explicit trims (:func:`release_free_memory`, after every step, save
     and compile) still hand everything free back. Measured on the 2-core Xeon VM, the GSM8K config's sampler in one
     process (16 rows, 128 new tokens, the settings interleaved call by call): 36.8 / 38.3 s per ``generate`` call with
