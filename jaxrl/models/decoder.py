@@ -169,8 +169,17 @@ def gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> 
 # Rows from which one decode query's cached attention is computed as broadcast products reduced over D and S
 # (:func:`_decode_gqa_attention`) instead of two batched matmuls. SmolLM2 shapes (nKV 3, G 3, D 64, 30 layers) on a
 # 2-core Xeon, attention alone: 64 rows x 128 slots 55-72 vs 94-103 ms, 16 x 320 52 vs 60 ms, 4 x 128 5.1 vs 5.9 ms;
-# at 1 row the matmuls win (1.1 vs 3.0 ms), at 2 rows they tie.
+# at 1 row the matmuls win (1.1 vs 3.0 ms), at 2 rows they tie. XLA:CPU only: on an H200 (jax 0.11.2) the same
+# form made a decode step at Qwen3-1.7B widths, 96 rows x 1535 slots, 4 layers, 2.71 ms against the matmuls' 1.62 ms
+# (bench/results/gpu_h200.md), so other platforms keep the matmuls (:func:`decode_attention_form`).
 DECODE_REDUCE_MIN_ROWS = 4
+
+
+def decode_attention_form(rows: int, platform: str) -> str:
+    """How :func:`cached_gqa_attention` computes one decode query per row over ``rows`` rows on ``platform`` (a
+    ``jax.default_backend()`` name): ``"reduce"`` (:func:`_decode_gqa_attention`) on ``"cpu"`` from
+    :data:`DECODE_REDUCE_MIN_ROWS` rows, else ``"matmul"`` (two batched matmuls)."""
+    return "reduce" if platform == "cpu" and rows >= DECODE_REDUCE_MIN_ROWS else "matmul"
 
 
 def _decode_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
@@ -203,14 +212,15 @@ def cached_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Arr
     The cache is the left operand of the score matmul and the right operand of the value matmul, batched over
     ``(B, nKV)`` with ``D`` (scores) or ``S`` (values) contracted: both read the cache in its own layout, so no
     cache-sized operand is transposed (the ``[B, S, nKV, D]`` layout cost a copy of every layer's keys and values
-    per decode step; only the ``[.., S, G, T]`` scores are rearranged here). One query per row over at least
-    :data:`DECODE_REDUCE_MIN_ROWS` rows (a decode step) goes through :func:`_decode_gqa_attention` instead.
+    per decode step; only the ``[.., S, G, T]`` scores are rearranged here). One query per row (a decode step) goes
+    through :func:`_decode_gqa_attention` instead where :func:`decode_attention_form` says so for the rows and the
+    backend being traced for (``jax.default_backend()``: XLA:CPU from :data:`DECODE_REDUCE_MIN_ROWS` rows).
     """
     b, t, nh, d = q.shape
     nkv = k.shape[1]
     g = nh // nkv
     with jax.named_scope("kv_cache_attention"):  # (names its ops in profiles: bench/rollout_throughput.py)
-        if t == 1 and b >= DECODE_REDUCE_MIN_ROWS:
+        if t == 1 and decode_attention_form(b, jax.default_backend()) == "reduce":
             return _decode_gqa_attention(q, k, v, mask)
         qg = q.reshape(b, t, nkv, g, d).transpose(0, 2, 3, 1, 4)  # [B, nKV, G, T, D]
         dims = (((3,), (4,)), ((0, 1), (0, 1)))

@@ -16,6 +16,7 @@ from jaxrl.models.decoder import (
     cached_gqa_attention,
     causal_gqa_attention,
     causal_query_block,
+    decode_attention_form,
     gqa_attention,
 )
 
@@ -147,9 +148,19 @@ def test_decode_form_is_chosen_by_rows_and_keeps_the_dtype():
     def dots(b):
         return str(jax.make_jaxpr(cached_gqa_attention)(*inputs(b))).count("dot_general")
 
+    assert jax.default_backend() == "cpu"  # the suite runs on XLA:CPU, where the reduce form applies
     assert dots(DECODE_REDUCE_MIN_ROWS - 1) == 2 and dots(DECODE_REDUCE_MIN_ROWS) == 0
     q, k, v, mask = inputs(DECODE_REDUCE_MIN_ROWS, jnp.bfloat16)
     out = cached_gqa_attention(q, k, v, mask)
     ref = cached_gqa_attention(*(x.astype(jnp.float32) for x in (q, k, v)), mask)
     assert out.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref), atol=2e-2)
+
+
+def test_decode_reduce_form_is_for_xla_cpu_only():
+    """The product-reduce decode form from ``DECODE_REDUCE_MIN_ROWS`` rows on CPU only: on an H200 it made the decode
+    step 1.7x slower than the matmuls (bench/results/gpu_h200.md), so GPU and TPU keep the matmuls at any batch."""
+    assert decode_attention_form(DECODE_REDUCE_MIN_ROWS, "cpu") == "reduce"
+    assert decode_attention_form(DECODE_REDUCE_MIN_ROWS - 1, "cpu") == "matmul"
+    for platform in ("gpu", "cuda", "rocm", "tpu"):
+        assert decode_attention_form(96, platform) == "matmul"

@@ -1,4 +1,5 @@
-"""Benchmark on one GPU (written for an H100): a Qwen3-1.7B-shaped jaxrl model at the seed recipe's shapes.
+"""Benchmark on one GPU (an H100 on 2026-11-25, an H200 on 2026-12-04): a Qwen3-1.7B-shaped jaxrl model at the seed
+recipe's shapes.
 
 Random init (no Qwen weights offline): :class:`jaxrl.models.ModelConfig` with Qwen3-1.7B's shape (hidden 2048,
 28 layers, 16 heads / 8 KV heads, head_dim 128, intermediate 6144, vocab 151936, tied embeddings, qk-norm) and
@@ -18,12 +19,16 @@ Random init (no Qwen weights offline): :class:`jaxrl.models.ModelConfig` with Qw
    decode tok/s = ``batch x new / decode s``. Roofline = ``batch x HBM B/s / bytes per decode step``, bytes per step
    = bf16 params (all, the tied embedding read once as the LM head) + the KV cache live on average over the
    generation (``batch x (512 + new/2) x L x 2 x nKV x D x 2`` bytes); given for the measured copy bandwidth and
-   for the nominal 3.35 TB/s.
+   for the nominal HBM bandwidth of the card (``--nominal-tbps``). The device's allocator peak after each batch
+   (``memory_stats()["peak_bytes_in_use"]``) shows what the decode loop holds beside the cache.
+   ``--decode-forms reduce,matmul`` repeats one batch with decode attention as :func:`_decode_gqa_attention`'s
+   reductions (the default from ``DECODE_REDUCE_MIN_ROWS`` rows) and as the two batched matmuls.
 5. **GRPO step** (32 prompts x n=3): weight sync (fp32 -> bf16 cast + ``update_weights``) + ``generate`` +
    ``ActorWorker.compute_log_probs`` (old log-probs) + ``ActorWorker.update``; wall seconds of each.
 
-Run: ``PYTHONPATH=. python bench/gpu_h100.py --out DIR``; prints one JSON per phase and writes
-``DIR/gpu_h100.json``.
+Run: ``PYTHONPATH=. python bench/gpu.py --out DIR --name gpu_h200``; prints one JSON per phase and writes
+``DIR/NAME.json``. Phases run in the order above; one that raises is recorded with its error and the next runs;
+with ``--deadline S`` a phase is skipped (and recorded so) once ``S`` seconds have passed since the start.
 """
 
 from __future__ import annotations
@@ -41,13 +46,44 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 RESULTS: dict = {}
 OUT: Path | None = None
+NAME = "gpu"
+START = time.perf_counter()
+DEADLINE: float | None = None
 
 
 def _save(key, value):
     RESULTS[key] = value
     print(json.dumps({key: value}), flush=True)
     if OUT is not None:
-        (OUT / "gpu_h100.json").write_text(json.dumps(RESULTS, indent=1))
+        (OUT / f"{NAME}.json").write_text(json.dumps(RESULTS, indent=1))
+
+
+def _device_memory():
+    """The first device's allocator counters in GB (``{}`` where the backend keeps none, as XLA:CPU)."""
+    import jax
+
+    stats = jax.devices()[0].memory_stats() or {}
+    return {k[:-9] + "_gb": v / 1e9 for k, v in stats.items() if k in ("bytes_in_use", "peak_bytes_in_use")}
+
+
+def _phase(name, fn, *args, **kwargs):
+    """Run one phase: ``None`` (recorded as skipped) past the deadline, the error recorded when it raises."""
+    elapsed = time.perf_counter() - START
+    if DEADLINE is not None and elapsed > DEADLINE:
+        _save(f"skipped_{name}", f"deadline: {elapsed:.0f} s > {DEADLINE:.0f} s")
+        return None
+    t0 = time.perf_counter()
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - a benchmark run records a failed phase and goes on
+        import traceback
+
+        traceback.print_exc()
+        _save(f"error_{name}", f"{type(e).__name__}: {str(e)[:600]}")
+        return None
+    finally:
+        print(json.dumps({"phase": name, "seconds": round(time.perf_counter() - t0, 1),
+                          "since_start": round(time.perf_counter() - START, 1), **_device_memory()}), flush=True)
 
 
 def _median(xs):
@@ -200,49 +236,64 @@ def make_sampler(cfg, p, max_batch_size=None):
     return sampler, param_bytes
 
 
-def bench_sampler(cfg, batches, p, new, repeats, bw):
+def bench_sampler(cfg, batches, p, new, repeats, bw, nominal_bw, key="sampler", decode_form=None):
+    """Time ``generate`` and its prefill per batch size (see the module docstring); ``decode_form`` None keeps the
+    decoder's choice, ``"reduce"`` / ``"matmul"`` force :func:`_decode_gqa_attention` or the batched matmuls for
+    every decode step of this sampler (by ``DECODE_REDUCE_MIN_ROWS``, read when the decode program is traced)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
+    from jaxrl.models import decoder
     from jaxrl.rollout.base import SamplingParams
 
-    sampler, param_bytes = make_sampler(cfg, p)
-    sp = SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=new, ignore_eos=True)
-    rng = np.random.default_rng(0)
-    prompts = rng.integers(0, cfg.vocab_size, size=(max(batches), p)).tolist()
-    kv_per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 2
-    out = {}
-    for b in batches:
-        t0 = time.perf_counter()
-        res = sampler.generate(prompts[:b], sp, rng_seed=1)
-        warm = time.perf_counter() - t0
-        assert int(res.response_mask.sum()) == b * new, "sampler generated fewer tokens than asked"
-        ids = jnp.asarray(np.asarray(prompts[:b], np.int32))
-        mask = jnp.ones((b, p), jnp.int32)
-        pre = []
-        for _ in range(max(repeats, 2)):
+    default_min_rows = decoder.DECODE_REDUCE_MIN_ROWS
+    decoder.DECODE_REDUCE_MIN_ROWS = {None: default_min_rows, "reduce": 1, "matmul": 1 << 30}[decode_form]
+    try:
+        sampler, param_bytes = make_sampler(cfg, p)
+        sp = SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=new, ignore_eos=True)
+        rng = np.random.default_rng(0)
+        prompts = rng.integers(0, cfg.vocab_size, size=(max(batches), p)).tolist()
+        kv_per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 2
+        out = {}
+        for b in batches:
             t0 = time.perf_counter()
-            c = sampler._prefill(sampler._params, ids, mask, max_new_tokens=new)
-            jax.block_until_ready(c)
-            pre.append(time.perf_counter() - t0)
-            del c
-        whole = []
-        for i in range(repeats):
-            t0 = time.perf_counter()
-            sampler.generate(prompts[:b], sp, rng_seed=2 + i)
-            whole.append(time.perf_counter() - t0)
-        w, pf = _median(whole), min(pre)
-        dec = w - pf
-        step_bytes = param_bytes + b * (p + new / 2) * kv_per_token
-        roof = {name: b * bwv / step_bytes for name, bwv in (("measured", bw), ("nominal_3.35TBps", 3.35e12))}
-        out[b] = {"new_tokens": new, "whole_s": w, "whole_all": whole, "prefill_s": pf, "decode_s": dec,
-                  "warmup_s": warm, "tok_s_whole": b * new / w, "tok_s_decode": b * new / dec,
-                  "ms_per_step": 1e3 * dec / new, "bytes_per_step": step_bytes, "param_bytes": param_bytes,
-                  "roofline_tok_s": roof, "frac_of_roofline_measured": b * new / dec / roof["measured"]}
-        print(json.dumps({"sampler_batch": b, **out[b]}), flush=True)
-    _save("sampler", out)
-    return sampler
+            res = sampler.generate(prompts[:b], sp, rng_seed=1)
+            warm = time.perf_counter() - t0
+            assert int(res.response_mask.sum()) == b * new, "sampler generated fewer tokens than asked"
+            del res
+            ids = jnp.asarray(np.asarray(prompts[:b], np.int32))
+            mask = jnp.ones((b, p), jnp.int32)
+            pre = []
+            for _ in range(max(repeats, 2)):
+                t0 = time.perf_counter()
+                c = sampler._prefill(sampler._params, ids, mask, max_new_tokens=new)
+                jax.block_until_ready(c)
+                pre.append(time.perf_counter() - t0)
+                del c
+            whole = []
+            for i in range(repeats):
+                t0 = time.perf_counter()
+                sampler.generate(prompts[:b], sp, rng_seed=2 + i)
+                whole.append(time.perf_counter() - t0)
+            w, pf = _median(whole), min(pre)
+            dec = w - pf
+            step_bytes = param_bytes + b * (p + new / 2) * kv_per_token
+            cache_bytes = b * (p + new - 1) * kv_per_token
+            roof = {name: b * bwv / step_bytes for name, bwv in (("measured", bw), ("nominal", nominal_bw))}
+            out[b] = {"new_tokens": new, "whole_s": w, "whole_all": whole, "prefill_s": pf, "decode_s": dec,
+                      "warmup_s": warm, "tok_s_whole": b * new / w, "tok_s_decode": b * new / dec,
+                      "ms_per_step": 1e3 * dec / new, "bytes_per_step": step_bytes, "param_bytes": param_bytes,
+                      "kv_cache_bytes": cache_bytes, "roofline_tok_s": roof,
+                      "frac_of_roofline_measured": b * new / dec / roof["measured"],
+                      "frac_of_roofline_nominal": b * new / dec / roof["nominal"], "decode_form": decode_form,
+                      "device_memory_after": _device_memory()}
+            print(json.dumps({key + "_batch": b, **out[b]}), flush=True)
+            RESULTS[key] = out
+        _save(key, out)
+        return sampler
+    finally:
+        decoder.DECODE_REDUCE_MIN_ROWS = default_min_rows
 
 
 def grpo_step(cfg, sampler, actor, p, new, steps):
@@ -284,22 +335,28 @@ def grpo_step(cfg, sampler, actor, p, new, steps):
 
 
 def main():
-    global OUT
+    global OUT, NAME, DEADLINE
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--name", default="gpu", help="results file NAME.json under --out")
+    ap.add_argument("--deadline", type=float, default=None, help="skip phases that start after this many seconds")
+    ap.add_argument("--nominal-tbps", type=float, default=3.35, help="the card's nominal HBM bandwidth (H200: 4.8)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--response", type=int, default=1024)
     ap.add_argument("--new-tokens", type=int, default=1024)
-    ap.add_argument("--update-cases", default="8:2:0", help="rows:micro:remat,...")
+    ap.add_argument("--update-cases", default="8:2:0", help="rows:micro:remat,... (the first before --decode-forms)")
     ap.add_argument("--batches", default="8,32,96")
+    ap.add_argument("--decode-forms", default="", help="e.g. matmul@96: the sampler again at batch 96, that form")
     ap.add_argument("--grpo-steps", type=int, default=2)
     ap.add_argument("--grpo-micro", type=int, default=2)
-    ap.add_argument("--grpo-gen-chunk", type=int, default=32, help="sampler max_batch_size in the GRPO step")
+    ap.add_argument("--grpo-gen-chunk", type=int, default=32, help="sampler max_batch_size in the GRPO step (0: all)")
     ap.add_argument("--skip", default="")
     ap.add_argument("--tiny", action="store_true", help="tiny model, CPU smoke test of this script")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="fewer decoder layers, same widths (quick per-layer A/Bs; MFU and rooflines count them)")
     a = ap.parse_args()
-    OUT = Path(a.out)
+    OUT, NAME, DEADLINE = Path(a.out), a.name, a.deadline
     OUT.mkdir(parents=True, exist_ok=True)
     import jax
 
@@ -316,35 +373,48 @@ def main():
         env["env_error"] = repr(e)
     _save("env", env)
     cfg = qwen3_1p7b_config(a.tiny)
+    if a.layers:
+        cfg = dataclasses.replace(cfg, num_hidden_layers=a.layers)
+    _save("model", {"layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "vocab": cfg.vocab_size})
     skip = set(a.skip.split(","))
-    peak = matmul_peak(a.repeats)
-    bw = hbm_bandwidth(a.repeats)
-    actor = None
-    if "update" not in skip:
-        recs = []
-        for case in a.update_cases.split(","):
-            rows, micro, remat = (int(x) for x in case.split(":"))
-            try:
-                actor, rec = bench_update(cfg, rows, micro, bool(remat), a.prompt, a.response, a.repeats, peak)
-            except Exception as e:  # noqa: BLE001 - e.g. out of memory: record and go on
-                rec = {"rows": rows, "micro_rows": micro, "remat": bool(remat), "error": f"{type(e).__name__}: "
-                       f"{str(e)[:300]}"}
-                actor = None
-            recs.append(rec)
-            print(json.dumps({"update_case": rec}), flush=True)
-            del actor
-            actor = None
-            RESULTS["actor_update"] = recs
-        _save("actor_update", recs)
-    sampler = None
+    peak = _phase("matmul", matmul_peak, a.repeats) or float("nan")
+    bw = _phase("hbm", hbm_bandwidth, a.repeats) or float("nan")
+    nominal = a.nominal_tbps * 1e12
+    batches = [int(b) for b in a.batches.split(",")]
     if "sampler" not in skip:
-        sampler = bench_sampler(cfg, [int(b) for b in a.batches.split(",")], a.prompt, a.new_tokens, a.repeats, bw)
+        _phase("sampler", bench_sampler, cfg, batches, a.prompt, a.new_tokens, a.repeats, bw, nominal)
+    cases = [tuple(int(x) for x in c.split(":")) for c in a.update_cases.split(",") if c]
+    recs = []
+
+    def update_case(rows, micro, remat):
+        try:
+            _, rec = bench_update(cfg, rows, micro, bool(remat), a.prompt, a.response, a.repeats, peak)
+        except Exception as e:  # noqa: BLE001 - e.g. out of memory: record and go on
+            rec = {"rows": rows, "micro_rows": micro, "remat": bool(remat),
+                   "error": f"{type(e).__name__}: {str(e)[:300]}"}
+        recs.append(rec)
+        print(json.dumps({"update_case": rec}), flush=True)
+        _save("actor_update", recs)
+
+    if "update" not in skip and cases:
+        _phase("update_" + ":".join(map(str, cases[0])), update_case, *cases[0])
+    for spec in filter(None, a.decode_forms.split(",")):
+        form, b = spec.split("@")
+        _phase(f"sampler_{form}_{b}", bench_sampler, cfg, [int(b)], a.prompt, a.new_tokens, a.repeats, bw, nominal,
+               key=f"sampler_{form}_{b}", decode_form=form)
+    if "update" not in skip:
+        for case in cases[1:]:
+            _phase("update_" + ":".join(map(str, case)), update_case, *case)
     if "grpo" not in skip and a.grpo_steps > 0:
-        # the step's own sampler: 96 rows generated in chunks of --grpo-gen-chunk rows (memory: the fp32 actor and
-        # its AdamW state share the card)
-        sampler, _ = make_sampler(cfg, a.prompt, a.grpo_gen_chunk or None)
-        actor = make_actor(build_model(cfg, jax.numpy.float32, False), 96, a.grpo_micro, False)
-        grpo_step(cfg, sampler, actor, a.prompt, a.new_tokens, a.grpo_steps)
+        # the step's own sampler: 96 rows generated in chunks of --grpo-gen-chunk rows (0: all at once); the fp32
+        # actor and its AdamW state share the card
+        def grpo():
+            sampler, _ = make_sampler(cfg, a.prompt, a.grpo_gen_chunk or None)
+            actor = make_actor(build_model(cfg, jax.numpy.float32, False), 96, a.grpo_micro, False)
+            grpo_step(cfg, sampler, actor, a.prompt, a.new_tokens, a.grpo_steps)
+
+        _phase("grpo", grpo)
+    _save("total_seconds", time.perf_counter() - START)
 
 
 if __name__ == "__main__":
