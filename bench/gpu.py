@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import subprocess
@@ -63,7 +64,8 @@ def _device_memory():
     import jax
 
     stats = jax.devices()[0].memory_stats() or {}
-    return {k[:-9] + "_gb": v / 1e9 for k, v in stats.items() if k in ("bytes_in_use", "peak_bytes_in_use")}
+    return {name: stats[key] / 1e9 for name, key in (("in_use_gb", "bytes_in_use"), ("peak_gb", "peak_bytes_in_use"))
+            if key in stats}
 
 
 def _phase(name, fn, *args, **kwargs):
@@ -82,6 +84,9 @@ def _phase(name, fn, *args, **kwargs):
         _save(f"error_{name}", f"{type(e).__name__}: {str(e)[:600]}")
         return None
     finally:
+        # a phase's workers hold reference cycles (nnx modules): collected now, not when Python next counts enough
+        # new objects, or the next phase starts with the last one's parameters and optimizer state on the card
+        gc.collect()
         print(json.dumps({"phase": name, "seconds": round(time.perf_counter() - t0, 1),
                           "since_start": round(time.perf_counter() - START, 1), **_device_memory()}), flush=True)
 

@@ -18,7 +18,7 @@ from bench.common import RESULTS_DIR, ROOT, machine_info, now_utc, versions  # n
 
 ORDER = ("summary", "grpo_step", "grpo_step_gsm8k", "rollout_throughput", "rollout_throughput_bf16",
          "jetstream_throughput", "train_throughput", "scaling", "reshard", "lora", "memory", "memory_saves",
-         "memory_cpu_hour", "gsm8k_step", "gsm8k_cpu_hour", "async_step", "hybrid_sync", "gpu_h100")
+         "memory_cpu_hour", "gsm8k_step", "gsm8k_cpu_hour", "async_step", "hybrid_sync", "gpu_h200", "gpu_h100")
 OUT = ROOT / "bench" / "RESULTS.md"
 
 
