@@ -289,12 +289,16 @@ class JaxSampler:
         prefill, each once: ``(ids [U, P], mask [U, P], row_map [B])``, ``U`` the distinct prompts bucketed to a
         power of two and ``row_map[b]`` row ``b``'s prompt (filler rows read prompt 0's slots, which their mask
         hides). ``None`` when every row is prefilled as it is: on a mesh, or with padded prefill and no repeated
-        prompt. ``prompt_index`` int32 [m]: the prompt of each real row, non-decreasing.
+        prompt. With packed prefill and no repeated prompt: the rows as they are and ``row_map`` None (the cache is
+        the prefill's own; a row gather would hold a second cache-sized buffer at the prefill's end). ``prompt_index``
+        int32 [m]: the prompt of each real row, non-decreasing.
         """
         m = len(prompt_index)
         _, firsts, row_of = np.unique(prompt_index, return_index=True, return_inverse=True)
         if self.mesh is not None or (len(firsts) == m and not self.packed_prefill):
             return None
+        if len(firsts) == m:
+            return input_ids, prompt_mask, None
         u = self._batch_bucket(len(firsts))
         ids_u = np.full((u, input_ids.shape[1]), self.pad_token_id, np.int32)
         mask_u = np.zeros_like(ids_u)
@@ -343,8 +347,9 @@ class JaxSampler:
         """:meth:`_prefill_impl` from prompts packed into one row (:func:`~jaxrl.rollout.prompt_packing.pack_prompts`).
 
         Args: packed: the :class:`~jaxrl.rollout.prompt_packing.PackedPrompts` arrays ([1, N]); row_map int32
-        [B] (row ``b`` of the returned cache is prompt ``row_map[b]``'s); shape: static ``(U, cache_len)``, the
-        prompts and slots per row of the cache the packed tokens are written into.
+        [B] (row ``b`` of the returned cache is prompt ``row_map[b]``'s) or None (row ``b`` is prompt ``b``, B = U);
+        shape: static ``(U, cache_len)``, the prompts and slots per row of the cache the packed tokens are written
+        into.
         Returns: KVCache (L arrays [B, nKV, cache_len, D] each), the same slots filled as by :meth:`_prefill_impl`.
         """
         self._num_traces += 1
@@ -352,7 +357,7 @@ class JaxSampler:
         model = self._model(params)
         cache = model.prefill_packed(packed.input_ids, packed.positions, packed.segment_cols, cache, packed.rows,
                                      packed.slots)
-        return jax.tree.map(lambda x: jnp.take(x, row_map, axis=0), cache)
+        return cache if row_map is None else jax.tree.map(lambda x: jnp.take(x, row_map, axis=0), cache)
 
     def _decode_impl(self, params, cache, input_ids, prompt_mask, row_ids, row_valid, stop_ids, controls):
         """Sample up to R tokens (R = cache length - P + 1), one while_loop step per token.
@@ -510,7 +515,8 @@ class JaxSampler:
             elif self.packed_prefill:  # each distinct prompt's real tokens once, packed into rows
                 ids_u, mask_u, row_map = distinct
                 packed = pack_prompts(ids_u, mask_u, cache_len=width + r - 1, pad_token_id=self.pad_token_id)
-                cache = self._prefill_packed_jit(weights, jax.tree.map(jnp.asarray, packed), jnp.asarray(row_map),
+                cache = self._prefill_packed_jit(weights, jax.tree.map(jnp.asarray, packed),
+                                                 None if row_map is None else jnp.asarray(row_map),
                                                  shape=(len(ids_u), width + r - 1))
             else:  # one prefill per distinct prompt, its slots copied to the prompt's rows
                 cache = self._prefill_jit(weights, *map(jnp.asarray, distinct), max_new_tokens=r)

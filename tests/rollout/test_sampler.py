@@ -379,6 +379,11 @@ def test_n_samples_prefill_each_distinct_prompt_once(cfg, model, sampler, ref):
     padded = JaxSampler(cfg, *nnx.split(model), pad_token_id=PAD, eos_token_ids=(EOS,), max_prompt_length=16,
                         prompt_length_bucket=8, packed_prefill=False)
     assert padded._prefill_rows(ids[:3], mask[:3], np.arange(3)) is None  # n = 1, padded: every row prefilled
+    # n = 1, packed: the rows as they are, no row map (the prefill's cache is the decode's, no cache-sized gather)
+    distinct_ids, distinct_mask, none = sampler._prefill_rows(ids[[0, 2, 4, 6]], mask[[0, 2, 4, 6]], np.arange(3))
+    assert none is None
+    np.testing.assert_array_equal(distinct_ids, ids[[0, 2, 4, 6]])
+    np.testing.assert_array_equal(distinct_mask, mask[[0, 2, 4, 6]])
     np.testing.assert_array_equal(padded._prefill_rows(ids, mask, shared.prompt_index)[2], row_map)
 
     chunked = JaxSampler(cfg, *nnx.split(model), pad_token_id=PAD, eos_token_ids=(EOS,), max_prompt_length=16,
