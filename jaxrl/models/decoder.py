@@ -342,8 +342,14 @@ def segment_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: Segm
     def gather(x):
         return x[rows, safe].reshape(b * s, length, *x.shape[2:])
 
-    out = causal_gqa_attention(gather(q), gather(k), gather(v), layout.mask)
-    return jnp.zeros_like(q).at[rows, cols].set(out.reshape(b, s * length, *q.shape[2:]), mode="drop")
+    out = causal_gqa_attention(gather(q), gather(k), gather(v), layout.mask).reshape(b, s * length, *q.shape[2:])
+    # back to the packed columns as a gather (column -> its place in the padded layout; padding columns read an
+    # appended zero row), not a scatter into zeros: XLA:CPU split that scatter per query block of the attention,
+    # each with a whole [B, T, nH, D] buffer (16 of them in the prefill of 96 x 512 tokens: 6 GB)
+    place = jnp.full((b, t), s * length, jnp.int32).at[rows, cols].set(
+        jnp.broadcast_to(jnp.arange(s * length, dtype=jnp.int32), cols.shape), mode="drop")
+    out = jnp.concatenate([out, jnp.zeros((b, 1, *out.shape[2:]), out.dtype)], axis=1)
+    return out[rows, place]
 
 
 # ----------------------------------------------------------------------------------------------- modules

@@ -182,8 +182,8 @@ def test_per_segment_attention_equals_the_segment_mask(policy):
         np.testing.assert_allclose(np.asarray(g_cols), np.asarray(g_mask), atol=2e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="segment_cols must be"):
         nnx.merge(graphdef, params)(ids, pos, seg != 0, segment_cols=cols)  # without segment_ids
-    # the path is taken (its scatter back from the per-segment layout is in the program), and the attention alone
-    # equals dense masked attention on random inputs
+    # the path is taken (the scatter of the packed columns' places in the per-segment layout is in the program), and
+    # the attention alone equals dense masked attention on random inputs, with exact zeros on row padding
     assert "scatter" in str(jax.make_jaxpr(lambda p: hidden(p, True))(params))
     assert "scatter" not in str(jax.make_jaxpr(lambda p: hidden(p, False))(params))
     g, t = seg.shape
@@ -195,8 +195,9 @@ def test_per_segment_attention_equals_the_segment_mask(policy):
                            & (cols < t).reshape(-1, 1, length))
     idx = jnp.arange(t)
     dense = (idx[None, :, None] >= idx[None, None, :]) & (seg[:, :, None] == seg[:, None, :]) & (seg != 0)[:, None]
-    np.testing.assert_allclose(np.asarray(segment_gqa_attention(q, k, v, layout))[real],
-                               np.asarray(gqa_attention(q, k, v, dense))[real], atol=1e-5)
+    got = np.asarray(segment_gqa_attention(q, k, v, layout))
+    np.testing.assert_allclose(got[real], np.asarray(gqa_attention(q, k, v, dense))[real], atol=1e-5)
+    assert (~real).any() and not got[~real].any()
 
 
 def test_decoder_without_segment_ids_is_unchanged(policy):
@@ -289,7 +290,7 @@ def test_packed_gradient_for_other_policy_losses(loss_mode):
 def make_critic(n, **overrides):
     remove_padding = overrides.pop("remove_padding", False)
     max_token_len = overrides.pop("max_token_len", None)
-    fused_lm_head = overrides.pop("fused_lm_head", False)
+    overrides.pop("fused_lm_head", False)  # the critic has no LM head to fuse: the key is the actor's
     graphdef, params = nnx.split(ValueModel(tiny_model_config("qwen3"), rngs=nnx.Rngs(3)))
     cfg, plan = critic_setup(rows=n, ppo_mini_batch_size=n, ppo_micro_batch_size_per_gpu=n, **overrides)
     plan = dataclasses.replace(plan, remove_padding=remove_padding, max_token_len=max_token_len,
