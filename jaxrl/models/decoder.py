@@ -295,7 +295,7 @@ class SegmentLayout(NamedTuple):
     """Packed rows' attention computed per segment (verl's varlen attention, flash-attn's ``cu_seqlens``, in static
     shapes): each layer's queries, keys and values are gathered from the packed ``[B, T]`` rows into a padded
     ``[B x S, L]`` layout (segment ``s`` of row ``b`` in row ``b x S + s``, its tokens at ``0..n-1``), attended
-    causally there (:func:`causal_gqa_attention`), and the outputs scattered back. Passed as an attention block's
+    causally there (:func:`causal_gqa_attention`), and the outputs gathered back. Passed as an attention block's
     ``mask``.
 
     Attributes:
