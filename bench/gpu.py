@@ -21,8 +21,8 @@ Random init (no Qwen weights offline): :class:`jaxrl.models.ModelConfig` with Qw
    generation (``batch x (512 + new/2) x L x 2 x nKV x D x 2`` bytes); given for the measured copy bandwidth and
    for the nominal HBM bandwidth of the card (``--nominal-tbps``). The device's allocator peak after each batch
    (``memory_stats()["peak_bytes_in_use"]``) shows what the decode loop holds beside the cache.
-   ``--decode-forms reduce,matmul`` repeats one batch with decode attention as :func:`_decode_gqa_attention`'s
-   reductions (the default from ``DECODE_REDUCE_MIN_ROWS`` rows) and as the two batched matmuls.
+   ``--decode-forms reduce@96,matmul@96`` repeats one batch with decode attention as :func:`_decode_gqa_attention`'s
+   reductions (the default on XLA:CPU only) and as the two batched matmuls (the default elsewhere).
 5. **GRPO step** (32 prompts x n=3): weight sync (fp32 -> bf16 cast + ``update_weights``) + ``generate`` +
    ``ActorWorker.compute_log_probs`` (old log-probs) + ``ActorWorker.update``; wall seconds of each.
 
@@ -244,7 +244,8 @@ def make_sampler(cfg, p, max_batch_size=None):
 def bench_sampler(cfg, batches, p, new, repeats, bw, nominal_bw, key="sampler", decode_form=None):
     """Time ``generate`` and its prefill per batch size (see the module docstring); ``decode_form`` None keeps the
     decoder's choice, ``"reduce"`` / ``"matmul"`` force :func:`_decode_gqa_attention` or the batched matmuls for
-    every decode step of this sampler (by ``DECODE_REDUCE_MIN_ROWS``, read when the decode program is traced)."""
+    every decode step of this sampler, on any backend (``decoder.decode_attention_form``, which the decoder looks up
+    when the decode program is traced, answers that form while this sampler is built and first called)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -252,8 +253,9 @@ def bench_sampler(cfg, batches, p, new, repeats, bw, nominal_bw, key="sampler", 
     from jaxrl.models import decoder
     from jaxrl.rollout.base import SamplingParams
 
-    default_min_rows = decoder.DECODE_REDUCE_MIN_ROWS
-    decoder.DECODE_REDUCE_MIN_ROWS = {None: default_min_rows, "reduce": 1, "matmul": 1 << 30}[decode_form]
+    default_form = decoder.decode_attention_form
+    if decode_form is not None:
+        decoder.decode_attention_form = lambda rows, platform: decode_form
     try:
         sampler, param_bytes = make_sampler(cfg, p)
         sp = SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=new, ignore_eos=True)
@@ -298,7 +300,7 @@ def bench_sampler(cfg, batches, p, new, repeats, bw, nominal_bw, key="sampler", 
         _save(key, out)
         return sampler
     finally:
-        decoder.DECODE_REDUCE_MIN_ROWS = default_min_rows
+        decoder.decode_attention_form = default_form
 
 
 def grpo_step(cfg, sampler, actor, p, new, steps):
