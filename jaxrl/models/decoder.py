@@ -302,18 +302,25 @@ class SegmentLayout(NamedTuple):
         cols: ``[B, S, L]`` int32: the packed column of token ``p`` of segment ``s`` of row ``b``; ``>= T`` where
             the segment has no token ``p`` (or no segment ``s`` exists).
         mask: ``[B x S, L, L]`` bool: causal, over real tokens only.
+        place: ``[B, T]`` int32: where packed column ``t`` of row ``b`` sits in that row's ``S x L`` outputs
+            (``s x L + p`` for token ``p`` of segment ``s``); ``S x L`` at columns no segment holds (row padding).
     """
 
     cols: jax.Array
     mask: jax.Array
+    place: jax.Array
 
 
 def segment_layout(segment_cols: jax.Array, t: int) -> SegmentLayout:
     """The :class:`SegmentLayout` of ``segment_cols`` ``[B, S, L]`` over packed rows of ``t`` columns (its mask:
-    causal within each segment's ``L`` positions, over the real ones, those ``< t``)."""
+    causal within each segment's ``L`` positions, over the real ones, those ``< t``; built once per forward and read
+    by every layer)."""
     b, s, length = segment_cols.shape
     real = (segment_cols < t).reshape(b * s, 1, length)
-    return SegmentLayout(segment_cols, jnp.tril(jnp.ones((length, length), bool))[None] & real)
+    cols = segment_cols.reshape(b, s * length)
+    place = jnp.full((b, t), s * length, jnp.int32).at[jnp.arange(b)[:, None], cols].set(
+        jnp.broadcast_to(jnp.arange(s * length, dtype=jnp.int32), cols.shape), mode="drop")
+    return SegmentLayout(segment_cols, jnp.tril(jnp.ones((length, length), bool))[None] & real, place)
 
 
 def segment_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: SegmentLayout) -> jax.Array:
@@ -343,14 +350,12 @@ def segment_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: Segm
         return x[rows, safe].reshape(b * s, length, *x.shape[2:])
 
     out = causal_gqa_attention(gather(q), gather(k), gather(v), layout.mask).reshape(b, s * length, *q.shape[2:])
-    # back to the packed columns as a gather (column -> its place in the padded layout; padding columns read an
-    # appended zero row), not a scatter into zeros: XLA:CPU split that scatter per query block of the attention,
-    # each with a whole [B, T, nH, D] buffer (the prefill of 96 x 512 tokens at Qwen3-1.7B widths, float32: 16.9 GB of
-    # temporaries with the scatter, 6.1 GB with this gather)
-    place = jnp.full((b, t), s * length, jnp.int32).at[rows, cols].set(
-        jnp.broadcast_to(jnp.arange(s * length, dtype=jnp.int32), cols.shape), mode="drop")
+    # back to the packed columns as a gather (``layout.place``; padding columns read an appended zero row), not a
+    # scatter into zeros: XLA:CPU split that scatter per query block of the attention, each with a whole
+    # [B, T, nH, D] buffer (the prefill of 96 x 512 tokens at Qwen3-1.7B widths, float32: 16.9 GB of temporaries with
+    # the scatter, 6.1 GB with this gather)
     out = jnp.concatenate([out, jnp.zeros((b, 1, *out.shape[2:]), out.dtype)], axis=1)
-    return out[rows, place]
+    return out[rows, layout.place]
 
 
 # ----------------------------------------------------------------------------------------------- modules

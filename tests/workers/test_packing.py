@@ -18,7 +18,7 @@ import pytest
 from flax import nnx
 
 from jaxrl.batch import RLBatch
-from jaxrl.models.decoder import Decoder, SegmentLayout, gqa_attention, segment_gqa_attention
+from jaxrl.models.decoder import Decoder, gqa_attention, segment_gqa_attention, segment_layout
 from jaxrl.models.value_model import ValueModel
 from jaxrl.workers.actor import ActorWorker, LogProbComputer
 from jaxrl.workers.critic import CriticWorker
@@ -190,9 +190,7 @@ def test_per_segment_attention_equals_the_segment_mask(policy):
     rng = np.random.default_rng(0)
     q = jnp.asarray(rng.standard_normal((g, t, 4, 8)), jnp.float32)
     k, v = (jnp.asarray(rng.standard_normal((g, t, 2, 8)), jnp.float32) for _ in range(2))
-    length = cols.shape[2]
-    layout = SegmentLayout(cols, jnp.tril(jnp.ones((length, length), bool))[None]
-                           & (cols < t).reshape(-1, 1, length))
+    layout = segment_layout(cols, t)
     idx = jnp.arange(t)
     dense = (idx[None, :, None] >= idx[None, None, :]) & (seg[:, :, None] == seg[:, None, :]) & (seg != 0)[:, None]
     got = np.asarray(segment_gqa_attention(q, k, v, layout))
