@@ -313,6 +313,7 @@ def validate_sections(cfg: JaxRLConfig, c: Checks) -> None:
     c.int_at_least(f"{r}.log_prob_micro_batch_size_per_gpu", 1, nullable=True)
     c.int_at_least(f"{r}.micro_batch_size", 1, nullable=True)
     c.int_at_least(f"{r}.max_num_seqs", 1, nullable=True)
+    c.int_at_least(f"{r}.max_decode_segments", 1)
     c.int_at_least(f"{r}.tensor_model_parallel_size", 1)
     c.real(f"{r}.gpu_memory_utilization", 0.0, 1.0, lo_open=True)
     if not all(is_int(t) and t >= 0 for t in cfg.actor_rollout_ref.rollout.stop_token_ids):

@@ -246,6 +246,11 @@ class RolloutConfig:
     # (as vLLM does); false = the left-padded [prompts, prompt width] batch, one compiled prefill per width (the packed
     # row's length adds a few more shapes, each a compiled program of ~35 MB for SmolLM2-135M)
     packed_prefill: bool = True
+    # jaxrl, rollout.name=jax: decode a long response (>= 2 x 128 new tokens) in at most this many segments, each
+    # attending over a cache just long enough for it, grown between segments, instead of reading every slot of the
+    # full cache on every step (SmolLM2-135M, 32 rows, 512 new tokens, 2 CPU cores: see bench/results/summary.md);
+    # each segment is one more compiled decode program. 1 = one loop over the whole cache
+    max_decode_segments: int = 4
     # the rollout's compute dtype: "bfloat16" | "float32"; null = actor_rollout_ref.model.dtype (verl's default is
     # bfloat16). jax sampler, bfloat16 for a float32 model: weight matrices copied to bfloat16 per generate call and
     # every projection a bfloat16 x bfloat16 -> float32 matmul, activations / attention / KV cache float32 (SmolLM2 on

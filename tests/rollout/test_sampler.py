@@ -595,3 +595,122 @@ def test_config_key_packed_prefill_reaches_the_sampler(cfg, model, override, pac
     run_cfg = load_config("configs/quickstart.yaml", override)
     engine = make_rollout_engine(run_cfg, cfg, *nnx.split(model), SimpleNamespace(pad_token_id=PAD))
     assert isinstance(engine, JaxSampler) and engine.packed_prefill is packed
+
+
+# ----------------------------------------------------------------------------- decode in segments
+def test_decode_segment_ends():
+    from jaxrl.rollout.jax_sampler import DECODE_SEGMENT_MIN_TOKENS, decode_segment_ends
+
+    assert DECODE_SEGMENT_MIN_TOKENS == 128
+    assert decode_segment_ends(512, 4) == (128, 256, 384, 512)
+    assert decode_segment_ends(1024, 4) == (256, 512, 768, 1024)
+    assert decode_segment_ends(300, 4) == (150, 300)  # 2 segments of >= 128 steps
+    assert decode_segment_ends(255, 4) == (255,) and decode_segment_ends(128, 4) == (128,)
+    assert decode_segment_ends(512, 1) == (512,)
+    assert decode_segment_ends(13, 4, 4) == (5, 10, 13)  # the last one shorter
+    assert decode_segment_ends(1, 4, 4) == (1,)
+    for bad in ({"max_new_tokens": 0}, {"max_segments": 0}, {"min_tokens": True}):
+        args = {"max_new_tokens": 12, "max_segments": 4, "min_tokens": 4, **bad}
+        with pytest.raises(ValueError, match=rf"^{next(iter(bad))}=.* must be an int >= 1"):
+            decode_segment_ends(**args)
+    with pytest.raises(ValueError, match=r"max_decode_segments=0 must be an int >= 1"):
+        JaxSampler(_cfg(), *nnx.split(Decoder(_cfg(), rngs=nnx.Rngs(0))), pad_token_id=PAD, eos_token_ids=(EOS,),
+                   max_prompt_length=16, max_decode_segments=0)
+
+
+R_LONG = 12  # 3 decode segments of 4 steps with decode_segment_min_tokens=4
+
+
+def _segmented(cfg, model, segments: int, **kw) -> JaxSampler:
+    return JaxSampler(cfg, *nnx.split(model), pad_token_id=PAD, eos_token_ids=(EOS,), max_prompt_length=16,
+                      prompt_length_bucket=8, max_decode_segments=segments, decode_segment_min_tokens=4, **kw)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_segmented_decode_samples_what_one_loop_samples(cfg, model, ref, packed):
+    """Three decode segments over a cache grown from 15 + 4 to 15 + 12 slots give the full-recompute greedy tokens
+    and log-probs, and the same samples and log-probs as one loop over the whole cache (n = 1 and n = 2, packed and
+    padded prefill); each segment is its own program (prefill + 3 decode loops + 2 growths)."""
+    one, seg = _segmented(cfg, model, 1, packed_prefill=packed), _segmented(cfg, model, 4, packed_prefill=packed)
+    greedy = SamplingParams(do_sample=False, max_new_tokens=R_LONG, ignore_eos=True)
+    out = seg.generate(PROMPTS, greedy)
+    assert seg.num_compiles == 6 and seg.last_decode_steps == R_LONG
+    for i, p in enumerate(PROMPTS):
+        expect = naive_greedy(ref, p, R_LONG, stop=())
+        assert out.response_token_lists()[i] == expect, f"prompt {i}"
+        lp = log_softmax(ref(p + expect))
+        np.testing.assert_allclose(out.rollout_log_probs[i], [lp[len(p) - 1 + t, tok] for t, tok in enumerate(expect)],
+                                   atol=1e-5)
+    for sp in (greedy, SamplingParams(n=2, max_new_tokens=R_LONG, seed=4, ignore_eos=True),
+               SamplingParams(n=1, max_new_tokens=R_LONG, seed=9)):
+        a, b = seg.generate(PROMPTS, sp), one.generate(PROMPTS, sp)
+        np.testing.assert_array_equal(a.response_ids, b.response_ids)
+        np.testing.assert_array_equal(a.response_mask, b.response_mask)
+        np.testing.assert_allclose(a.rollout_log_probs, b.rollout_log_probs, atol=1e-5)
+    assert one.num_compiles == 2 * 2  # prefill + decode for n = 1 and for n = 2 (a different prefill)
+
+
+def test_segmented_decode_stops_between_segments(cfg, model, ref):
+    """Every row stopping in the second segment ends the decode there (the third segment never runs, so its program
+    is never built), with the tokens up to each row's stop as one loop gives them."""
+    seg = _segmented(cfg, model, 4)
+    stop = {naive_greedy(ref, p, R_LONG, stop=())[5] for p in PROMPTS}  # step 5 lies in the second segment (4..7)
+    sp = SamplingParams(do_sample=False, max_new_tokens=R_LONG, stop_token_ids=tuple(stop), ignore_eos=True)
+    out = seg.generate(PROMPTS, sp)
+    assert seg.last_decode_steps <= 6 and seg.num_compiles == 1 + 2 + 1  # prefill, 2 decode loops, 1 growth
+    for i, p in enumerate(PROMPTS):
+        assert out.response_token_lists()[i] == naive_greedy(ref, p, R_LONG, stop=tuple(stop))
+    assert out.response_ids.shape == (3, R_LONG) and (out.response_ids[out.response_mask == 0] == PAD).all()
+
+
+def test_segmented_decode_on_a_mesh(cfg, model):
+    """On a rollout mesh (rows over ``data``) the segmented decode samples what one loop on one device does."""
+    from sharding import DEFAULT_RULES, make_mesh, param_shardings, shard_state
+
+    graphdef, state = nnx.split(model)
+    mesh = make_mesh(2, 1, 2, devices=jax.devices()[:4])
+    on_mesh = shard_state(state, param_shardings(state, mesh, DEFAULT_RULES))
+    seg = JaxSampler(cfg, graphdef, on_mesh, pad_token_id=PAD, eos_token_ids=(EOS,), max_prompt_length=16,
+                     prompt_length_bucket=8, mesh=mesh, rules=DEFAULT_RULES, max_decode_segments=4,
+                     decode_segment_min_tokens=4)
+    sp = SamplingParams(n=2, max_new_tokens=R_LONG, seed=2)
+    a, b = seg.generate(PROMPTS, sp), _segmented(cfg, model, 1).generate(PROMPTS, sp)
+    np.testing.assert_array_equal(a.response_ids, b.response_ids)
+    np.testing.assert_allclose(a.rollout_log_probs, b.rollout_log_probs, atol=1e-5)
+
+
+@pytest.mark.parametrize("override, segments", [([], 4), (["actor_rollout_ref.rollout.max_decode_segments=1"], 1)])
+def test_config_key_max_decode_segments_reaches_the_sampler(cfg, model, override, segments):
+    from types import SimpleNamespace
+
+    from jaxrl.config import load_config
+    from jaxrl.rollout.factory import make_rollout_engine
+
+    run_cfg = load_config("configs/quickstart.yaml", override)
+    engine = make_rollout_engine(run_cfg, cfg, *nnx.split(model), SimpleNamespace(pad_token_id=PAD))
+    assert isinstance(engine, JaxSampler) and engine.max_decode_segments == segments
+
+
+def test_config_refuses_a_bad_max_decode_segments():
+    from jaxrl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref\.rollout\.max_decode_segments.*0"):
+        load_config("configs/quickstart.yaml", ["actor_rollout_ref.rollout.max_decode_segments=0"])
+
+
+def test_cache_growth_drops_each_old_layer(cfg, sampler):
+    """Growing the cache keeps each layer's slots and zero-fills the new ones, and leaves no reference to the old
+    buffers (so a growth holds about one old layer beside the new cache)."""
+    import weakref
+
+    rng = np.random.default_rng(0)
+    k = [jnp.asarray(rng.normal(size=(2, 2, 5, 8)), jnp.float32) for _ in range(cfg.num_hidden_layers)]
+    v = [x + 1 for x in k]
+    want = [np.asarray(x).copy() for x in k + v]  # (a plain np.asarray view would keep the array alive)
+    old = [weakref.ref(x) for x in k + v]
+    sampler._grow_layers(k, v, 9)
+    assert all(r() is None for r in old)
+    for got, w in zip(k + v, want):
+        assert got.shape == (2, 2, 9, 8)
+        np.testing.assert_array_equal(np.asarray(got)[:, :, :5], w)
+        assert not np.asarray(got)[:, :, 5:].any()
