@@ -24,7 +24,7 @@ WORK_DIR = ROOT / "outputs" / "bench"  # models, peer outputs, scratch (git-igno
 
 __all__ = [
     "ROOT", "RESULTS_DIR", "WORK_DIR", "machine_info", "versions", "stats", "fmt_stats", "write_section",
-    "header_lines", "run_in_venv", "now_utc",
+    "header_lines", "run_in_venv", "now_utc", "timed_calls",
 ]
 
 
@@ -73,6 +73,27 @@ def stats(values: Sequence[float]) -> dict[str, float]:
     if not vals:
         raise ValueError("stats() of no values: measure at least one step after warm-up")
     return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+
+
+def timed_calls(fn, repeats: int) -> tuple[float, list[float]]:
+    """Call ``fn()`` once (the warm-up, which compiles) and then ``repeats`` times.
+
+    ``fn`` must block until its work is done (return host values or call ``block_until_ready``).
+
+    Returns:
+      ``(warm-up seconds, [seconds of each timed call])``, wall-clock (``time.perf_counter``).
+    """
+    import time
+
+    t0 = time.perf_counter()
+    fn()
+    warm = time.perf_counter() - t0
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return warm, times
 
 
 def fmt_stats(s: dict[str, float] | None, digits: int = 2) -> str:

@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, fmt_stats, header_lines, stats, write_section  # noqa: E402
+from bench.common import ROOT, fmt_stats, header_lines, stats, timed_calls, write_section  # noqa: E402
 
 MODES = {"full": 0, "lora-r8": 8, "lora-r64": 64}
 # Hugging Face configs of the random-weight shapes (float32, as the trainer loads them on CPU)
@@ -143,14 +143,7 @@ def child(mode: str, rows: int, p: int, r: int, micro: int, repeats: int, model:
              else _random_batch(rows, p, r, vocab))
     batch.ref_log_probs, _ = ref.compute_log_probs(batch)
     batch.old_log_probs, _ = actor.compute_log_probs(batch)
-    t0 = time.perf_counter()
-    actor.update(batch)
-    warm = time.perf_counter() - t0
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        actor.update(batch)  # returns host floats: blocks
-        times.append(time.perf_counter() - t0)
+    warm, times = timed_calls(lambda: actor.update(batch), repeats)  # update returns host floats: blocks
     merge_s = None
     if actor.lora is not None:
         jax.block_until_ready(actor.merged_params())  # compile
