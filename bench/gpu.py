@@ -22,7 +22,10 @@ Random init (no Qwen weights offline): :class:`jaxrl.models.ModelConfig` with Qw
    for the nominal HBM bandwidth of the card (``--nominal-tbps``). The device's allocator peak after each batch
    (``memory_stats()["peak_bytes_in_use"]``) shows what the decode loop holds beside the cache.
    ``--decode-forms reduce@96,matmul@96`` repeats one batch with decode attention as :func:`_decode_gqa_attention`'s
-   reductions (the default on XLA:CPU only) and as the two batched matmuls (the default elsewhere).
+   reductions (the default on XLA:CPU only) and as the two batched matmuls (the default elsewhere). The decode runs
+   in ``--decode-segments`` (4) segments over a growing cache (``JaxSampler(max_decode_segments=...)``; each segment
+   one more compiled decode program: plan for that on a card where one took 100 s); 1 = one loop over the whole
+   cache, as the 2026-11-25 and 2026-12-04 runs did.
 5. **GRPO step** (32 prompts x n=3): weight sync (fp32 -> bf16 cast + ``update_weights``) + ``generate`` +
    ``ActorWorker.compute_log_probs`` (old log-probs) + ``ActorWorker.update``; wall seconds of each.
 
@@ -200,19 +203,13 @@ def bench_update(cfg, rows, micro, remat, p, r, repeats, peak_tflops):
     import jax
 
     from bench._jaxrl_bench import train_flops_per_token
+    from bench.common import timed_calls
 
     model = build_model(cfg, jax.numpy.float32, remat)
     actor = make_actor(model, rows, micro, remat)
     del model
     batch = random_batch(rows, p, r, cfg.vocab_size)
-    t0 = time.perf_counter()
-    actor.update(batch)
-    warm = time.perf_counter() - t0
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        actor.update(batch)
-        times.append(time.perf_counter() - t0)
+    warm, times = timed_calls(lambda: actor.update(batch), repeats)  # update returns host floats: blocks
     s = _median(times)
     fm = train_flops_per_token(cfg, p + r)
     tokens = rows * (p + r)
@@ -226,8 +223,12 @@ def bench_update(cfg, rows, micro, remat, p, r, repeats, peak_tflops):
     return actor, rec
 
 
+DECODE_SEGMENTS = 4  # JaxSampler(max_decode_segments=...) of every sampler here (--decode-segments)
+
+
 def make_sampler(cfg, p, max_batch_size=None):
-    """A :class:`JaxSampler` over a bf16 Decoder (bf16 KV cache); returns ``(sampler, param bytes)``."""
+    """A :class:`JaxSampler` over a bf16 Decoder (bf16 KV cache, :data:`DECODE_SEGMENTS` decode segments); returns
+    ``(sampler, param bytes)``."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -236,7 +237,8 @@ def make_sampler(cfg, p, max_batch_size=None):
 
     model = build_model(cfg, jnp.bfloat16)
     sampler = JaxSampler.from_model(model, cfg, pad_token_id=cfg.pad_token_id, eos_token_ids=cfg.eos_token_id,
-                                    max_prompt_length=p, cache_dtype=jnp.bfloat16, max_batch_size=max_batch_size)
+                                    max_prompt_length=p, cache_dtype=jnp.bfloat16, max_batch_size=max_batch_size,
+                                    max_decode_segments=DECODE_SEGMENTS)
     param_bytes = sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model)))
     return sampler, param_bytes
 
@@ -252,6 +254,7 @@ def bench_sampler(cfg, batches, p, new, repeats, bw, nominal_bw, key="sampler", 
 
     from jaxrl.models import decoder
     from jaxrl.rollout.base import SamplingParams
+    from jaxrl.rollout.jax_sampler import decode_segment_ends
 
     default_form = decoder.decode_attention_form
     if decode_form is not None:
@@ -262,6 +265,8 @@ def bench_sampler(cfg, batches, p, new, repeats, bw, nominal_bw, key="sampler", 
         rng = np.random.default_rng(0)
         prompts = rng.integers(0, cfg.vocab_size, size=(max(batches), p)).tolist()
         kv_per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 2
+        ends = decode_segment_ends(new, sampler.max_decode_segments, sampler.decode_segment_min_tokens)
+        first = ends[0]  # the prefill's cache holds the first decode segment's slots
         out = {}
         for b in batches:
             t0 = time.perf_counter()
@@ -274,7 +279,7 @@ def bench_sampler(cfg, batches, p, new, repeats, bw, nominal_bw, key="sampler", 
             pre = []
             for _ in range(max(repeats, 2)):
                 t0 = time.perf_counter()
-                c = sampler._prefill(sampler._params, ids, mask, max_new_tokens=new)
+                c = sampler._prefill(sampler._params, ids, mask, max_new_tokens=first)  # generate's prefill
                 jax.block_until_ready(c)
                 pre.append(time.perf_counter() - t0)
                 del c
@@ -294,7 +299,7 @@ def bench_sampler(cfg, batches, p, new, repeats, bw, nominal_bw, key="sampler", 
                       "kv_cache_bytes": cache_bytes, "roofline_tok_s": roof,
                       "frac_of_roofline_measured": b * new / dec / roof["measured"],
                       "frac_of_roofline_nominal": b * new / dec / roof["nominal"], "decode_form": decode_form,
-                      "device_memory_after": _device_memory()}
+                      "decode_segment_ends": list(ends), "device_memory_after": _device_memory()}
             print(json.dumps({key + "_batch": b, **out[b]}), flush=True)
             RESULTS[key] = out
         _save(key, out)
@@ -342,7 +347,7 @@ def grpo_step(cfg, sampler, actor, p, new, steps):
 
 
 def main():
-    global OUT, NAME, DEADLINE
+    global OUT, NAME, DEADLINE, DECODE_SEGMENTS
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--name", default="gpu", help="results file NAME.json under --out")
@@ -359,11 +364,13 @@ def main():
     ap.add_argument("--grpo-micro", type=int, default=2)
     ap.add_argument("--grpo-gen-chunk", type=int, default=32, help="sampler max_batch_size in the GRPO step (0: all)")
     ap.add_argument("--skip", default="")
+    ap.add_argument("--decode-segments", type=int, default=DECODE_SEGMENTS,
+                    help="JaxSampler max_decode_segments (1: one decode loop over the whole cache)")
     ap.add_argument("--tiny", action="store_true", help="tiny model, CPU smoke test of this script")
     ap.add_argument("--layers", type=int, default=None,
                     help="fewer decoder layers, same widths (quick per-layer A/Bs; MFU and rooflines count them)")
     a = ap.parse_args()
-    OUT, NAME, DEADLINE = Path(a.out), a.name, a.deadline
+    OUT, NAME, DEADLINE, DECODE_SEGMENTS = Path(a.out), a.name, a.deadline, a.decode_segments
     OUT.mkdir(parents=True, exist_ok=True)
     import jax
 
