@@ -251,6 +251,11 @@ class RolloutConfig:
     # full cache on every step (SmolLM2-135M, 32 rows, 512 new tokens, 2 CPU cores: see bench/results/summary.md);
     # each segment is one more compiled decode program. 1 = one loop over the whole cache
     max_decode_segments: int = 4
+    # jaxrl, rollout.name=jax without a mesh: once at most half of a generate batch is still generating, gather the
+    # live rows (state and KV-cache rows) into a batch of half the size or less and decode on with it (down to 4
+    # rows), so rows that stopped cost nothing more, as in vLLM's continuous batching; each smaller batch is one more
+    # compiled decode program, built when a compaction first needs it. false = every row runs to the longest's end
+    compact_finished_rows: bool = True
     # the rollout's compute dtype: "bfloat16" | "float32"; null = actor_rollout_ref.model.dtype (verl's default is
     # bfloat16). jax sampler, bfloat16 for a float32 model: weight matrices copied to bfloat16 per generate call and
     # every projection a bfloat16 x bfloat16 -> float32 matmul, activations / attention / KV cache float32 (SmolLM2 on

@@ -86,6 +86,7 @@ def make_rollout_engine(cfg, model_cfg, graphdef, params, tokenizer, *, mesh: Me
             pad_token_id=int(pad), eos_token_ids=tuple(model_cfg.eos_token_id),
             max_prompt_length=_engine_prompt_length(cfg), max_batch_size=rc.micro_batch_size or None,
             dtype=rc.dtype, max_decode_segments=rc.max_decode_segments,
+            compact_finished_rows=rc.compact_finished_rows,
         )
         if mesh is None:
             return JaxSampler(model_cfg, graphdef, params, packed_prefill=rc.packed_prefill, **kwargs)

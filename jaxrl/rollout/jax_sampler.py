@@ -19,6 +19,14 @@ layer's cache is copied into the next, longer one (:meth:`JaxSampler._grow_layer
 of one loop over the whole cache (attention over more zeroed, masked slots changes nothing but float32 summation
 order); the cost is one more compiled loop per segment.
 
+**Finished rows compacted away** (without a mesh, ``compact_finished_rows=True``, the default): a row that stopped
+still costs a full row of every later step (static shapes), so the decode loop also yields to the host once at most
+half of its rows are still generating (and that half has at least ``compact_min_rows`` rows); the host gathers the
+live rows' state and cache rows into a batch of ``_batch_bucket(live)`` rows and the loop goes on with it. Rows keep
+their global row index, so their random streams and samples are unchanged (up to float32 summation order in a
+differently sized batch, as with batch bucketing below). Each smaller batch is one more compiled decode program, built
+only when a compaction happens.
+
 **Packed prefill** (without a mesh, ``packed_prefill=True``, the default): the prefill runs only the prompts' real
 tokens, laid end to end in one row (:mod:`jaxrl.rollout.prompt_packing`, :meth:`Decoder.prefill_packed`), and
 scatters each token's keys/values to its slot of the left-padded cache layout above: the same cache (up to float32
@@ -77,6 +85,7 @@ __all__ = ["JaxSampler"]
 _MIN_STOP_SLOTS = 8
 _ROLLOUT_DTYPES = (None, "float32", "bfloat16")
 DECODE_SEGMENT_MIN_TOKENS = 128  # the fewest decode steps a segment runs (shorter responses: one loop)
+COMPACT_MIN_ROWS = 4  # the decode compacts its batch only down to this many rows (each size: one more program)
 
 
 def decode_segment_ends(max_new_tokens: int, max_segments: int, min_tokens: int = DECODE_SEGMENT_MIN_TOKENS
@@ -126,6 +135,15 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
 
+def _keep_rows(out: tuple, got: tuple, slot_row: np.ndarray) -> None:
+    """Copy the decode's host outputs ``got`` (response ids, log-probs, mask ``[B, R]``) of every batch slot that
+    decodes a real row (``slot_row[b] < len(out[0])``) into that row of ``out`` (the same three arrays, one row per
+    real row)."""
+    real = slot_row < len(out[0])
+    for dst, src in zip(out, (got[0], got[1], got[2])):
+        dst[slot_row[real]] = src[real]
+
+
 def _cache_mask(prompt_mask: jax.Array, max_new_tokens: int) -> jax.Array:
     """Key mask over the cache slots [B, P + R - 1]: the prompt mask, then ones for generated slots."""
     gen = jnp.ones((prompt_mask.shape[0], max_new_tokens - 1), prompt_mask.dtype)
@@ -160,6 +178,10 @@ class JaxSampler:
         (module docstring, :func:`decode_segment_ends`); 1 = one loop over the whole cache (one compiled decode
         program per shape instead of one per segment).
       decode_segment_min_tokens: the fewest steps of a segment (default :data:`DECODE_SEGMENT_MIN_TOKENS`).
+      compact_finished_rows: without a mesh, drop the rows that stopped from the decode: once at most half of the
+        batch is still generating (and that half is at least ``compact_min_rows`` rows), the live rows' state and
+        cache rows are gathered into a batch of half the size or less, which decodes on (module docstring).
+      compact_min_rows: the smallest batch a compaction makes (default :data:`COMPACT_MIN_ROWS`).
       dtype: the rollout's compute dtype (verl's ``actor_rollout_ref.rollout.dtype``): None (default) = the
         model's (``graphdef``'s) compute dtype. ``"bfloat16"`` for a float32 model: each ``generate`` call reads a
         bfloat16 copy of the weight matrices (the embedding, projections and q/k/v biases; the norms' scales stay as
@@ -196,6 +218,8 @@ class JaxSampler:
         dtype: str | None = None,
         max_decode_segments: int = 4,
         decode_segment_min_tokens: int = DECODE_SEGMENT_MIN_TOKENS,
+        compact_finished_rows: bool = True,
+        compact_min_rows: int = COMPACT_MIN_ROWS,
     ) -> None:
         vocab = model_cfg.vocab_size
         if not isinstance(pad_token_id, (int, np.integer)) or not (0 <= pad_token_id < vocab):
@@ -215,7 +239,8 @@ class JaxSampler:
         if mesh is None and rules is not None:
             raise ValueError("rules= lays weights out on a mesh; pass mesh= too (or neither)")
         for name, v in (("max_decode_segments", max_decode_segments),
-                        ("decode_segment_min_tokens", decode_segment_min_tokens)):
+                        ("decode_segment_min_tokens", decode_segment_min_tokens),
+                        ("compact_min_rows", compact_min_rows)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}={v!r} must be an int >= 1")
         if dtype not in _ROLLOUT_DTYPES:
@@ -233,6 +258,8 @@ class JaxSampler:
         self.packed_prefill = bool(packed_prefill) and mesh is None
         self.max_decode_segments = max_decode_segments
         self.decode_segment_min_tokens = decode_segment_min_tokens
+        self.compact_finished_rows = bool(compact_finished_rows)
+        self.compact_min_rows = compact_min_rows
         # what _model sets on the decoder's modules: {} = the model as built
         self._rollout_attrs = _rollout_attributes(nnx.merge(graphdef, _per_layer(params)).dtype, dtype)
         self.weight_format = WeightFormat.jax(mesh, rules)
@@ -255,6 +282,7 @@ class JaxSampler:
         self._prefill_packed_jit = jax.jit(self._prefill_packed_impl, static_argnames=("shape",))
         self._decode_jit = jax.jit(self._decode_impl, donate_argnames=("cache", "carry"))
         self._grow_jit = jax.jit(self._grow_impl, static_argnames=("length",))
+        self._take_jit = jax.jit(self._take_impl)
 
     @classmethod
     def from_model(cls, model: nnx.Module, model_cfg: ModelConfig, **kwargs) -> "JaxSampler":
@@ -349,16 +377,91 @@ class JaxSampler:
         row_map[:m] = row_of.reshape(-1)
         return ids_u, mask_u, row_map
 
-    def _decode(self, params, cache, carry, prompt_mask, row_ids, stop_ids, controls, t_stop):
+    def _decode(self, params, cache, carry, prompt_mask, row_ids, stop_ids, controls, t_stop, shrink_at=0):
         """One jitted decode segment (:meth:`_decode_impl`), its inputs placed on the mesh first (with one): rows
-        over ``data``; the step counter, stop ids, sampling controls and ``t_stop`` replicated."""
-        t_stop = np.int32(t_stop)
+        over ``data``; the step counter, stop ids, sampling controls, ``t_stop`` and ``shrink_at`` replicated."""
+        t_stop, shrink_at = np.int32(t_stop), np.int32(shrink_at)
         if self.mesh is not None:
             t, *rows = carry
             prompt_mask, row_ids, *rows = self._place_rows(prompt_mask, row_ids, *rows)
-            t, stop_ids, controls, t_stop = to_global((t, stop_ids, controls, t_stop), self._replicated)
+            t, stop_ids, controls, t_stop, shrink_at = to_global((t, stop_ids, controls, t_stop, shrink_at),
+                                                                 self._replicated)
             carry = (t, *rows)
-        return self._decode_jit(params, cache, carry, prompt_mask, row_ids, stop_ids, controls, t_stop)
+        return self._decode_jit(params, cache, carry, prompt_mask, row_ids, stop_ids, controls, t_stop, shrink_at)
+
+    def _decode_rows(self, weights, cache, carry, prompt_mask, row_ids, stop_ids, controls, *, width: int,
+                     ends: tuple[int, ...], rows: int):
+        """Decode one chunk: its segments (``ends``, :func:`decode_segment_ends`), the cache grown between them, and,
+        without a mesh, its finished rows compacted away (:meth:`_compact`) whenever at most half of the batch is
+        still generating and that half has at least ``compact_min_rows`` rows.
+
+        Args: as :meth:`_decode_impl` (``prompt_mask`` on the device, ``row_ids`` host int32 [B]); width: the prompt
+        width ``P``; rows: the chunk's real rows (the first ``rows`` of the batch; the rest are filler).
+        Returns: ``(steps, (response_ids int32 [rows, R], log_probs float32 [rows, R], response_mask int32 [rows,
+        R]))``, host arrays; ``steps`` the decode steps run.
+        """
+        r = ends[-1]
+        out = (np.full((rows, r), self.pad_token_id, np.int32), np.zeros((rows, r), np.float32),
+               np.zeros((rows, r), np.int32))
+        slot_row = np.arange(len(row_ids))  # the chunk row each batch slot decodes (>= rows: a filler)
+        steps = 0
+        for i, end in enumerate(ends):
+            if i:  # the next segment's cache: its last step's slot is P - 1 + end - 1
+                k, v = list(cache.k), list(cache.v)
+                del cache
+                self._grow_layers(k, v, width - 1 + end)
+                cache = KVCache(tuple(k), tuple(v))
+                del k, v
+            while True:
+                batch = len(slot_row)
+                compacts = (self.compact_finished_rows and self.mesh is None
+                            and batch // 2 >= self.compact_min_rows)
+                shrink_at = batch // 2 if compacts else 0
+                carry, cache = self._decode(weights, cache, carry, prompt_mask, row_ids, stop_ids, controls, end,
+                                            shrink_at)
+                steps = int(to_host(carry[0]))
+                if steps >= end:
+                    break
+                done = to_host(carry[2])
+                if done.all():  # every row stopped
+                    _keep_rows(out, to_host(carry[3:]), slot_row)
+                    return steps, out
+                _keep_rows(out, to_host(carry[3:]), slot_row)  # the rows dropped next keep their outputs here
+                k, v = list(cache.k), list(cache.v)
+                del cache
+                carry, prompt_mask, row_ids, slot_row = self._compact(k, v, carry, prompt_mask, row_ids, slot_row,
+                                                                      np.flatnonzero(~done), rows)
+                cache = KVCache(tuple(k), tuple(v))
+                del k, v
+            if i + 1 < len(ends) and to_host(carry[2]).all():  # every row stopped at this segment's last step
+                break
+        _keep_rows(out, to_host(carry[3:]), slot_row)
+        return steps, out
+
+    def _compact(self, k: list, v: list, carry, prompt_mask, row_ids, slot_row, live, rows):
+        """The decode state of the ``live`` batch slots only (host int array, ascending), in a batch bucketed to
+        ``_batch_bucket(len(live))`` rows; the extra rows repeat the first live row's state but start stopped (their
+        outputs are never read: ``slot_row`` marks them with ``rows``). The cache comes as the lists of its layers'
+        keys and values (``k`` / ``v``, the caller's only references), whose rows are gathered one layer at a time
+        (:meth:`_take_layers`), so about one old layer is held beside the smaller cache.
+
+        Returns ``(carry, prompt_mask, row_ids, slot_row)`` for the smaller batch (``k`` / ``v`` replaced in place)."""
+        size = self._batch_bucket(len(live))
+        idx = np.concatenate([live, np.full(size - len(live), live[0])]).astype(np.int32)
+        take = jnp.asarray(idx)
+        self._take_layers(k, v, take)
+        t, prev, _, ids, logp, mask = carry
+        done = jnp.asarray(np.arange(size) >= len(live))
+        prev, ids, logp, mask = (jnp.take(x, take, axis=0) for x in (prev, ids, logp, mask))
+        carry = (t, prev, done, ids, logp, mask)
+        slot_row = np.concatenate([slot_row[live], np.full(size - len(live), rows)])
+        return carry, jnp.take(prompt_mask, take, axis=0), np.asarray(row_ids)[idx], slot_row
+
+    def _take_layers(self, k: list, v: list, idx) -> None:
+        """Replace each layer's keys and values in ``k`` / ``v`` (as :meth:`_grow_layers`) by their rows ``idx``
+        (int32 [B'])."""
+        for i in range(len(k)):
+            k[i], v[i] = self._take_jit(k[i], v[i], idx)
 
     def _grow_layers(self, k: list, v: list, length: int) -> None:
         """Replace each layer's keys and values in ``k`` / ``v`` (lists of ``[B, nKV, S, D]`` arrays, the callers'
@@ -412,15 +515,21 @@ class JaxSampler:
                                      packed.slots)
         return cache if row_map is None else jax.tree.map(lambda x: jnp.take(x, row_map, axis=0), cache)
 
+    def _take_impl(self, k, v, idx):
+        """One layer's keys and values ``[B, nKV, S, D]``, rows ``idx`` (int32 [B'])."""
+        self._num_traces += 1
+        return jnp.take(k, idx, axis=0), jnp.take(v, idx, axis=0)
+
     def _grow_impl(self, k, v, *, length: int):
         """One layer's keys and values ``[B, nKV, S, D]`` padded with zero slots to ``[B, nKV, length, D]``."""
         self._num_traces += 1
         pad = ((0, 0), (0, 0), (0, length - k.shape[2]), (0, 0))
         return jnp.pad(k, pad), jnp.pad(v, pad)
 
-    def _decode_impl(self, params, cache, carry, prompt_mask, row_ids, stop_ids, controls, t_stop):
-        """Sample tokens ``t`` in ``[carry.t, t_stop)`` (fewer once every row has stopped), one while_loop step
-        per token: a segment of the decode (:func:`decode_segment_ends`).
+    def _decode_impl(self, params, cache, carry, prompt_mask, row_ids, stop_ids, controls, t_stop, shrink_at):
+        """Sample tokens ``t`` in ``[carry.t, t_stop)``, one while_loop step per token: a segment of the decode
+        (:func:`decode_segment_ends`). The loop ends early once at most ``shrink_at`` rows are still generating
+        (``shrink_at`` 0: once every row has stopped), so the caller can compact the batch (:meth:`_decode_rows`).
 
         Step t feeds token ``x_t`` (t = 0: the last prompt token; then the previous sample) at cache
         slot ``P - 1 + t`` and RoPE position ``prompt_len - 1 + t``, and samples token t.
@@ -431,7 +540,8 @@ class JaxSampler:
           filler rows start stopped, so they never delay the early exit), response_ids int32 [B, R], log_probs
           float32 [B, R], response_mask int32 [B, R] so far; prompt_mask int32 [B, P]; row_ids int32 [B] (global
           row index, for PRNG); stop_ids int32 [S] (-1 = unused slot); controls: dict of scalars seed (uint32),
-          temperature, top_k, top_p (float32/int32), greedy (bool); t_stop int32 scalar, at most ``S - P + 1``.
+          temperature, top_k, top_p (float32/int32), greedy (bool); t_stop int32 scalar, at most ``S - P + 1``;
+          shrink_at int32 scalar >= 0.
         Returns:
           ``(carry, cache)``: the carry after the segment (``t < t_stop`` when every row stopped early) and the
           cache (returned so the donated input buffers are updated in place by the loop instead of copied).
@@ -448,7 +558,7 @@ class JaxSampler:
 
         def cond(state):
             t, _, _, done, *_ = state
-            return (t < t_stop) & ~jnp.all(done)
+            return (t < t_stop) & (jnp.sum(~done, dtype=jnp.int32) > shrink_at)
 
         def body(state):
             t, prev, cache, done, ids, logp, mask = state
@@ -576,19 +686,10 @@ class JaxSampler:
                                                  shape=(len(ids_u), first))
             else:  # one prefill per distinct prompt, its slots copied to the prompt's rows
                 cache = self._prefill_jit(weights, *map(jnp.asarray, distinct), max_new_tokens=ends[0])
-            for i, end in enumerate(ends):
-                if i:  # the next segment's cache: its last step's slot is P - 1 + end - 1
-                    k, v = list(cache.k), list(cache.v)
-                    del cache
-                    self._grow_layers(k, v, width - 1 + end)
-                    cache = KVCache(tuple(k), tuple(v))
-                    del k, v
-                carry, cache = self._decode(weights, cache, carry, mask_c, row_ids, stop_ids, controls, end)
-                if i + 1 < len(ends) and int(to_host(carry[0])) < end:  # every row stopped inside this segment
-                    break
+            steps, (ids, logp, mask) = self._decode_rows(weights, cache, carry, mask_c, row_ids, stop_ids, controls,
+                                                         width=width, ends=ends, rows=m)
             del cache
-            steps, _, _, ids, logp, mask = to_host(carry)  # rows spread over processes: gathered
-            self.last_decode_steps = max(self.last_decode_steps, int(steps))
+            self.last_decode_steps = max(self.last_decode_steps, steps)
             out_ids.append(ids[:m])
             out_mask.append(mask[:m])
             out_logp.append(logp[:m])

@@ -699,8 +699,9 @@ def test_config_refuses_a_bad_max_decode_segments():
 
 
 def test_cache_growth_drops_each_old_layer(cfg, sampler):
-    """Growing the cache keeps each layer's slots and zero-fills the new ones, and leaves no reference to the old
-    buffers (so a growth holds about one old layer beside the new cache)."""
+    """Growing the cache keeps each layer's slots and zero-fills the new ones, and gathering a compaction's rows keeps
+    the rows asked for; both leave no reference to the old buffers (so each holds about one old layer beside the new
+    cache)."""
     import weakref
 
     rng = np.random.default_rng(0)
@@ -714,3 +715,82 @@ def test_cache_growth_drops_each_old_layer(cfg, sampler):
         assert got.shape == (2, 2, 9, 8)
         np.testing.assert_array_equal(np.asarray(got)[:, :, :5], w)
         assert not np.asarray(got)[:, :, 5:].any()
+    del got  # (the loop variable still holds the last layer)
+    # and a compaction's row gather the same way
+    want = [np.asarray(x)[[1, 1]].copy() for x in k + v]
+    old = [weakref.ref(x) for x in k + v]
+    sampler._take_layers(k, v, jnp.asarray([1, 1], jnp.int32))
+    assert all(r() is None for r in old)
+    for got, w in zip(k + v, want):
+        np.testing.assert_array_equal(np.asarray(got), w)
+
+
+# ----------------------------------------------------------------------------- finished rows compacted away
+def _compacting(cfg, model, **kw) -> tuple[JaxSampler, list]:
+    """A sampler compacting down to 1 row, and the live-row counts of its compactions (recorded by a wrapper)."""
+    s = JaxSampler(cfg, *nnx.split(model), pad_token_id=PAD, eos_token_ids=(EOS,), max_prompt_length=16,
+                   prompt_length_bucket=8, compact_min_rows=1, **kw)
+    sizes, compact = [], s._compact
+    s._compact = lambda *a: (sizes.append(len(a[6])), compact(*a))[1]  # a[6]: the live slots
+    return s, sizes
+
+
+@pytest.mark.parametrize("segments", [1, 4])
+def test_compaction_keeps_every_rows_tokens(cfg, model, ref, segments):
+    """Rows stopping at different steps: the batch of 4 (3 prompts + a filler) shrinks to 2 rows, then to 1, and
+    every row's tokens and log-probs are the full-recompute greedy ones; sampled (n = 2: 6 rows in 8), each row's
+    samples and log-probs equal those of a sampler that never compacts, in one decode loop or in segments."""
+    full = [naive_greedy(ref, p, R_LONG, stop=()) for p in PROMPTS]
+    stop = (full[0][1], full[1][4])
+    want = [naive_greedy(ref, p, R_LONG, stop=stop) for p in PROMPTS]
+    lengths = [len(w) for w in want]
+    assert len(set(lengths)) == 3 and sorted(lengths)[1] < R_LONG, lengths  # two rows stop, at different steps
+    comp, sizes = _compacting(cfg, model, max_decode_segments=segments, decode_segment_min_tokens=4)
+    out = comp.generate(PROMPTS, SamplingParams(do_sample=False, max_new_tokens=R_LONG, stop_token_ids=stop,
+                                                ignore_eos=True))
+    assert sizes == [2, 1] and comp.last_decode_steps == max(lengths)
+    assert out.response_token_lists() == want
+    for i, p in enumerate(PROMPTS):
+        lp = log_softmax(ref(p + want[i]))
+        np.testing.assert_allclose(out.rollout_log_probs[i, : lengths[i]],
+                                   [lp[len(p) - 1 + t, tok] for t, tok in enumerate(want[i])], atol=1e-5)
+    assert (out.response_ids[out.response_mask == 0] == PAD).all() and (out.rollout_log_probs[out.response_mask == 0]
+                                                                        == 0).all()
+
+    plain = JaxSampler(cfg, *nnx.split(model), pad_token_id=PAD, eos_token_ids=(EOS,), max_prompt_length=16,
+                       prompt_length_bucket=8, compact_finished_rows=False, max_decode_segments=segments,
+                       decode_segment_min_tokens=4)
+    compacted = 0
+    for seed in (1, 2, 3):
+        sp = SamplingParams(n=2, max_new_tokens=R_LONG, seed=seed, stop_token_ids=stop)
+        del sizes[:]
+        a, b = comp.generate(PROMPTS, sp), plain.generate(PROMPTS, sp)
+        compacted += len(sizes)
+        np.testing.assert_array_equal(a.response_ids, b.response_ids)
+        np.testing.assert_array_equal(a.response_mask, b.response_mask)
+        np.testing.assert_allclose(a.rollout_log_probs, b.rollout_log_probs, atol=1e-5)
+    assert compacted >= 1
+
+
+def test_compaction_is_off_below_its_minimum_and_by_the_config_key(cfg, model, ref):
+    """A 4-row batch never compacts with the default minimum of 4 rows; ``compact_finished_rows=False`` never does;
+    the config key reaches the sampler."""
+    from types import SimpleNamespace
+
+    from jaxrl.config import load_config
+    from jaxrl.rollout.factory import make_rollout_engine
+    from jaxrl.rollout.jax_sampler import COMPACT_MIN_ROWS
+
+    full = [naive_greedy(ref, p, R_LONG, stop=()) for p in PROMPTS]
+    sp = SamplingParams(do_sample=False, max_new_tokens=R_LONG, stop_token_ids=(full[0][1], full[1][4]))
+    s = JaxSampler(cfg, *nnx.split(model), pad_token_id=PAD, eos_token_ids=(EOS,), max_prompt_length=16,
+                   prompt_length_bucket=8)
+    assert s.compact_finished_rows and s.compact_min_rows == COMPACT_MIN_ROWS == 4
+    called = []
+    s._compact = lambda *a: called.append(a)
+    s.generate(PROMPTS, sp)
+    assert not called
+    for override, on in (([], True), (["actor_rollout_ref.rollout.compact_finished_rows=false"], False)):
+        engine = make_rollout_engine(load_config("configs/quickstart.yaml", override), cfg, *nnx.split(model),
+                                     SimpleNamespace(pad_token_id=PAD))
+        assert engine.compact_finished_rows is on
