@@ -298,7 +298,8 @@ class JaxSampler:
 
     @property
     def num_compiles(self) -> int:
-        """How many programs (prefill, decode segments, cache growth) have been traced and compiled so far."""
+        """How many programs (prefill, decode per segment and batch size, cache growth, row gathers) have been traced
+        and compiled so far."""
         return self._num_traces
 
     def update_weights(self, params: nnx.State) -> None:
