@@ -140,7 +140,7 @@ def _keep_rows(out: tuple, got: tuple, slot_row: np.ndarray) -> None:
     decodes a real row (``slot_row[b] < len(out[0])``) into that row of ``out`` (the same three arrays, one row per
     real row)."""
     real = slot_row < len(out[0])
-    for dst, src in zip(out, (got[0], got[1], got[2])):
+    for dst, src in zip(out, got):
         dst[slot_row[real]] = src[real]
 
 
@@ -405,36 +405,27 @@ class JaxSampler:
         out = (np.full((rows, r), self.pad_token_id, np.int32), np.zeros((rows, r), np.float32),
                np.zeros((rows, r), np.int32))
         slot_row = np.arange(len(row_ids))  # the chunk row each batch slot decodes (>= rows: a filler)
-        steps = 0
+        # between decode calls the cache lives only in these lists of its layers' keys and values, so that growing
+        # or compacting it can drop each old layer as soon as its replacement is dispatched
+        k, v = list(cache.k), list(cache.v)
+        del cache
         for i, end in enumerate(ends):
             if i:  # the next segment's cache: its last step's slot is P - 1 + end - 1
-                k, v = list(cache.k), list(cache.v)
-                del cache
                 self._grow_layers(k, v, width - 1 + end)
-                cache = KVCache(tuple(k), tuple(v))
-                del k, v
             while True:
                 batch = len(slot_row)
                 compacts = (self.compact_finished_rows and self.mesh is None
                             and batch // 2 >= self.compact_min_rows)
-                shrink_at = batch // 2 if compacts else 0
-                carry, cache = self._decode(weights, cache, carry, prompt_mask, row_ids, stop_ids, controls, end,
-                                            shrink_at)
-                steps = int(to_host(carry[0]))
-                if steps >= end:
+                carry, (k, v) = self._decode(weights, KVCache(tuple(k), tuple(v)), carry, prompt_mask, row_ids,
+                                             stop_ids, controls, end, batch // 2 if compacts else 0)
+                k, v = list(k), list(v)
+                steps, done = int(to_host(carry[0])), to_host(carry[2])
+                if steps >= end or done.all():
                     break
-                done = to_host(carry[2])
-                if done.all():  # every row stopped
-                    _keep_rows(out, to_host(carry[3:]), slot_row)
-                    return steps, out
                 _keep_rows(out, to_host(carry[3:]), slot_row)  # the rows dropped next keep their outputs here
-                k, v = list(cache.k), list(cache.v)
-                del cache
                 carry, prompt_mask, row_ids, slot_row = self._compact(k, v, carry, prompt_mask, row_ids, slot_row,
                                                                       np.flatnonzero(~done), rows)
-                cache = KVCache(tuple(k), tuple(v))
-                del k, v
-            if i + 1 < len(ends) and to_host(carry[2]).all():  # every row stopped at this segment's last step
+            if done.all():  # every row stopped: no later segment runs
                 break
         _keep_rows(out, to_host(carry[3:]), slot_row)
         return steps, out
@@ -691,9 +682,9 @@ class JaxSampler:
                                                          width=width, ends=ends, rows=m)
             del cache
             self.last_decode_steps = max(self.last_decode_steps, steps)
-            out_ids.append(ids[:m])
-            out_mask.append(mask[:m])
-            out_logp.append(logp[:m])
+            out_ids.append(ids)
+            out_mask.append(mask)
+            out_logp.append(logp)
 
         return RolloutOutput(
             prompt_ids=prompt_ids,
