@@ -88,14 +88,14 @@ def main(argv: list[str] | None = None) -> None:
         sp = SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=a.new_tokens,
                             ignore_eos=to_end)
 
-        def call(name: str, b: int, seed: int) -> tuple[float, int, list[int]]:
+        def call(name: str, b: int, seed: int) -> tuple[float, list[int]]:
             t0 = time.perf_counter()
             out = samplers[name].generate(prompts[:b], sp, rng_seed=seed)
             dt = time.perf_counter() - t0
             lengths = out.response_mask.sum(axis=1).tolist()
             if to_end and sum(lengths) != b * a.new_tokens:
                 raise RuntimeError(f"{case} {name}: {sum(lengths)} tokens, expected {b} x {a.new_tokens}")
-            return dt, samplers[name].last_decode_steps, lengths
+            return dt, lengths
 
         for b in batches:
             warm = {name: call(name, b, 0)[0] for name in samplers}
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
             for rep in range(a.repeats):
                 order = list(samplers) if rep % 2 == 0 else list(reversed(samplers))
                 for name in order:
-                    dt, _, lens = call(name, b, rep + 1)
+                    dt, lens = call(name, b, rep + 1)
                     times[name].append(dt)
                     tokens[name].append(sum(lens))
                     if name == "change":
