@@ -347,6 +347,7 @@ def _build_actor_and_reference(cfg, graphdef, params, total_training_steps, plac
         return actor, None
     ref = _Reference(LogProbComputer(ref_graphdef, micro_batch_size=plan.ref_log_prob_rows,
                                      temperature=rollout_cfg.temperature, remove_padding=plan.actor.remove_padding,
+                                     share_prompts=plan.actor.share_prompts,
                                      max_token_len=plan.ref_max_token_len,
                                      max_token_key="actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
                                      **_mesh_args(placement)), ref_params)

@@ -108,7 +108,10 @@ class RolePlan:
       forward_rows: rows per no-grad forward call (log-probs / values) over all data-parallel devices.
       ppo_epochs: passes over each RL batch.
       batch_shards: the data-parallel devices the plan was derived for (the train mesh's batch shards; 1 = no mesh).
-      remove_padding: the role's forward / backward run on packed rows (``model.use_remove_padding``).
+      remove_padding: the role's forward / backward run on packed rows (``model.use_remove_padding``, or
+        ``actor.use_prefix_grouper``).
+      share_prompts: those packed rows lay each distinct prompt once for all its responses
+        (``actor.use_prefix_grouper``; :mod:`jaxrl.workers.packing`).
       max_token_len: the update's token budget, real tokens per data-parallel device per micro-batch
         (``ppo_max_token_len_per_gpu`` when ``use_dynamic_bsz``), None = micro-batches of ``micro_batch_rows``.
       forward_max_token_len: the no-grad forward's token budget per device (actor: the rollout's
@@ -132,6 +135,7 @@ class RolePlan:
     ppo_epochs: int
     batch_shards: int = 1
     remove_padding: bool = False
+    share_prompts: bool = False
     max_token_len: Optional[int] = None
     forward_max_token_len: Optional[int] = None
     max_token_key: str = ""
@@ -143,7 +147,7 @@ class RolePlan:
     def derive(cls, section: str, *, rollout_n: int, rows_per_step: int, mini_batch_size: int,
                micro_batch_size_per_gpu: Optional[int], forward_key: str, forward_per_gpu: Optional[int],
                forward_fallback: Optional[int] = None, ppo_epochs: int = 1, batch_shards: int = 1,
-               remove_padding: bool = False, max_token_len: Optional[int] = None,
+               remove_padding: bool = False, share_prompts: bool = False, max_token_len: Optional[int] = None,
                forward_max_token_len: Optional[int] = None, max_token_key: str = "",
                forward_max_token_key: str = "", mini_batch_key: str = "", micro_batch_key: str = "") -> "RolePlan":
         """The plan from the config values on ``batch_shards`` data-parallel devices (set micro-batches are per
@@ -156,7 +160,8 @@ class RolePlan:
                    mini_batch_size=int(mini_batch_size), micro_batch_size_per_gpu=micro_batch_size_per_gpu,
                    micro_batch_rows=micro, forward_key=forward_key, forward_per_gpu=forward_per_gpu,
                    forward_rows=forward, ppo_epochs=int(ppo_epochs), batch_shards=int(batch_shards),
-                   remove_padding=bool(remove_padding), max_token_len=max_token_len,
+                   remove_padding=bool(remove_padding or share_prompts), share_prompts=bool(share_prompts),
+                   max_token_len=max_token_len,
                    forward_max_token_len=forward_max_token_len, max_token_key=max_token_key,
                    forward_max_token_key=forward_max_token_key, mini_batch_key=mini_batch_key,
                    micro_batch_key=micro_batch_key)
@@ -308,7 +313,7 @@ class BatchPlan:
             micro_batch_size_per_gpu=actor_cfg.ppo_micro_batch_size_per_gpu,
             forward_key=log_prob_key, forward_per_gpu=arr.rollout.log_prob_micro_batch_size_per_gpu,
             forward_fallback=rows, ppo_epochs=actor_cfg.ppo_epochs, batch_shards=dp,
-            remove_padding=arr.model.use_remove_padding,
+            remove_padding=arr.model.use_remove_padding, share_prompts=actor_cfg.use_prefix_grouper,
             max_token_len=budgets["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"],
             forward_max_token_len=budgets["actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"],
             max_token_key="actor_rollout_ref.actor.ppo_max_token_len_per_gpu",

@@ -227,6 +227,7 @@ def _validate_online_dpo(cfg: JaxRLConfig) -> None:
         (alg.filter_groups.enable, "algorithm.filter_groups.enable=True (DPO skips groups without a preference)"),
         (arr.model.use_remove_padding, "actor_rollout_ref.model.use_remove_padding=True (pairs run on padded rows)"),
         (a.use_dynamic_bsz, "actor_rollout_ref.actor.use_dynamic_bsz=True (pairs run on fixed micro-batches)"),
+        (a.use_prefix_grouper, "actor_rollout_ref.actor.use_prefix_grouper=True (pairs run on padded rows)"),
         (arr.rollout.multi_turn.enable, "actor_rollout_ref.rollout.multi_turn.enable=True"),
         (arr.model.lora_rank > 0, f"actor_rollout_ref.model.lora_rank={arr.model.lora_rank} (the preference role "
          "trains the full model: LoRA is for the GRPO / PPO actor; lora_rank=0 is valid)"),

@@ -173,6 +173,10 @@ class ActorConfig:
     # (ppo_max_token_len_per_gpu x data-parallel devices)) balanced micro-batches per mini-batch (verl's seq-len balancing)
     use_dynamic_bsz: bool = False
     ppo_max_token_len_per_gpu: int = 16384  # use_dynamic_bsz: real tokens per device per micro-batch (>= one sequence)
+    # True = each prompt's forward runs once for all its responses in the actor's update, its old-log-prob pass and
+    # the reference's (verl's PrefixGrouper): packed rows lay each distinct prompt once, its responses attend to that
+    # one copy (exact). Implies the packed layout (model.use_remove_padding's), whatever that key says
+    use_prefix_grouper: bool = False
     ppo_epochs: int = 1  # passes over each RL batch
     shuffle: bool = False  # shuffle responses before splitting into mini-batches
     # False = skip the old-log-prob forward pass: with one update per step (ppo_epochs 1, one mini-batch) the old

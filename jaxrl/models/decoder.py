@@ -300,10 +300,12 @@ class SegmentLayout(NamedTuple):
 
     Attributes:
         cols: ``[B, S, L]`` int32: the packed column of token ``p`` of segment ``s`` of row ``b``; ``>= T`` where
-            the segment has no token ``p`` (or no segment ``s`` exists).
+            the segment has no token ``p`` (or no segment ``s`` exists). Segments may share columns (a prompt laid
+            once for several responses: :mod:`jaxrl.workers.packing`), each a causal prefix of every holder.
         mask: ``[B x S, L, L]`` bool: causal, over real tokens only.
         place: ``[B, T]`` int32: where packed column ``t`` of row ``b`` sits in that row's ``S x L`` outputs
-            (``s x L + p`` for token ``p`` of segment ``s``); ``S x L`` at columns no segment holds (row padding).
+            (``s x L + p`` for token ``p`` of segment ``s``, the first such segment); ``S x L`` at columns no segment
+            holds (row padding).
     """
 
     cols: jax.Array
@@ -318,7 +320,9 @@ def segment_layout(segment_cols: jax.Array, t: int) -> SegmentLayout:
     b, s, length = segment_cols.shape
     real = (segment_cols < t).reshape(b * s, 1, length)
     cols = segment_cols.reshape(b, s * length)
-    place = jnp.full((b, t), s * length, jnp.int32).at[jnp.arange(b)[:, None], cols].set(
+    # a column several segments hold (a shared prompt: jaxrl.workers.packing) takes the first one's output: every
+    # holder computes the same values there (the same tokens, positions and causal keys)
+    place = jnp.full((b, t), s * length, jnp.int32).at[jnp.arange(b)[:, None], cols].min(
         jnp.broadcast_to(jnp.arange(s * length, dtype=jnp.int32), cols.shape), mode="drop")
     return SegmentLayout(segment_cols, jnp.tril(jnp.ones((length, length), bool))[None] & real, place)
 

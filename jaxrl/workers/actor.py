@@ -34,7 +34,8 @@ from jaxrl.batch import RLBatch
 from jaxrl.config.batch_plan import RolePlan
 from jaxrl.distributed import to_host
 from jaxrl.workers.microbatch import check_row_shards, pad_rows, row_chunks
-from jaxrl.workers.packing import PACKED_KEYS, at_scores, micro_layout, real_lengths, scatter_rows, to_slots
+from jaxrl.workers.packing import (PACKED_KEYS, at_scores, micro_layout, prompt_sharing, real_lengths, scatter_rows,
+                                   to_slots)
 from jaxrl.workers.seqlen import plan_slots
 from jaxrl.workers.placement import activation_sharding, batch_shards, jit_sharded, rows_sharding
 from jaxrl.workers.trained_role import TrainedRole
@@ -143,6 +144,8 @@ class LogProbComputer:
       mesh: the train mesh, or None (single device: the params' own placement decides).
       rules: logical-axis rules on ``mesh`` (default :data:`sharding.rules.DEFAULT_RULES`).
       remove_padding: run on packed rows (``model.use_remove_padding``; :mod:`jaxrl.workers.packing`).
+      share_prompts: packed rows lay each distinct prompt once for all its responses (``actor.use_prefix_grouper``;
+        implies ``remove_padding``).
       max_token_len: a token budget, real tokens per data-parallel device per call (``log_prob_use_dynamic_bsz``:
         ``log_prob_max_token_len_per_gpu``), replacing ``micro_batch_size``; None = fixed row counts.
       max_token_key: the budget's config key (messages).
@@ -152,7 +155,8 @@ class LogProbComputer:
     """
 
     def __init__(self, graphdef, *, micro_batch_size: int, temperature: float, mesh=None, rules=None,
-                 remove_padding: bool = False, max_token_len: int | None = None, max_token_key: str = ""):
+                 remove_padding: bool = False, share_prompts: bool = False, max_token_len: int | None = None,
+                 max_token_key: str = ""):
         if micro_batch_size <= 0:
             raise ValueError(f"log-prob micro batch size must be > 0, got {micro_batch_size}")
         self.graphdef = graphdef
@@ -161,7 +165,8 @@ class LogProbComputer:
         self.mesh = mesh
         self.rules = DEFAULT_RULES if rules is None else rules
         self.activation_sharding = activation_sharding(mesh, self.rules)
-        self.remove_padding = bool(remove_padding)
+        self.remove_padding = bool(remove_padding or share_prompts)
+        self.share_prompts = bool(share_prompts)
         self.max_token_len = max_token_len
         self.max_token_key = max_token_key or "log_prob_max_token_len_per_gpu"
         self.shards = 1 if mesh is None else batch_shards(mesh, self.rules)
@@ -244,12 +249,13 @@ class LogProbComputer:
         rows = np.arange(batch.size)
         slot_list = plan_slots(rows, real_lengths(arrays["attention_mask"]), shards=self.shards,
                                micro_rows=self.micro_batch_size, budget=self.max_token_len,
-                               packed=self.remove_padding, key=self.max_token_key)
+                               packed=self.remove_padding, key=self.max_token_key,
+                               **prompt_sharing(arrays, batch.prompt_width, self.share_prompts))
         fn = self._jitted(params)
         outs_lp, outs_ent = [], []
         for slots in slot_list:
             micro = micro_layout(arrays, slots, batch.prompt_width, packed=self.remove_padding,
-                                 max_row_tokens=self.max_token_len)
+                                 max_row_tokens=self.max_token_len, share_prompts=self.share_prompts)
             if self.remove_padding:
                 packed = {k: micro[k] for k in PACKED_KEYS + ("response_mask",)}
                 lp, ent = fn(params, packed, prompt_width=0)
@@ -370,7 +376,7 @@ class ActorWorker(TrainedRole):
         self.on_policy_ratio = not actor_cfg.recompute_old_log_prob
         self.log_prob = LogProbComputer(self.graphdef, micro_batch_size=plan.forward_rows, temperature=temperature,
                                         mesh=mesh, rules=rules, remove_padding=plan.remove_padding,
-                                        max_token_len=plan.forward_max_token_len,
+                                        share_prompts=plan.share_prompts, max_token_len=plan.forward_max_token_len,
                                         max_token_key=plan.forward_max_token_key)
 
     def _update_extra(self):

@@ -20,6 +20,17 @@ A micro-batch's *slots* ``[G, S]`` (:mod:`jaxrl.workers.seqlen`) name the batch 
 A sequence's real tokens are one contiguous span of its padded row (prompts left-padded, responses right-padded):
 ``[P - prompt_len, P + response_len)``; its RoPE positions there are ``0 .. len - 1``, the same as the padded
 layout's ``cumsum(mask) - 1``, so packed and padded computations see the same tokens, positions and attention sets.
+
+**Shared prompts** (``share_prompts=True``, ``actor.use_prefix_grouper``): the ``n`` responses of a GRPO group repeat
+one prompt, and in the layout above each row's linear layers run over that prompt ``n`` times. With sharing, a
+device row lays each distinct prompt once; a later sequence with the same real prompt tokens lays only its response,
+and its segment's columns are the shared prompt's columns followed by its own (its positions continue from the
+prompt's length). The per-segment attention (:class:`jaxrl.models.decoder.SegmentLayout`) then computes every
+response against the one prompt copy, so a group of ``n`` costs ``prompt + n x response`` tokens in every
+projection instead of ``n x (prompt + response)``; the prompt's hidden states (and, in the backward pass, the sum of
+every response's gradient into them) are computed once. verl's ``use_prefix_grouper`` (PrefixGrouper: prefix
+self-attention + suffix attention over the concatenated prefix) does the same for its padded rows. Exact: every
+response sees the same tokens, positions and attention set as in its own padded row.
 """
 
 from __future__ import annotations
@@ -29,8 +40,8 @@ import numpy as np
 
 from jaxrl.workers.seqlen import bucket, bucket_below
 
-__all__ = ["PACKED_KEYS", "at_scores", "micro_layout", "packed_micro", "padded_micro", "real_lengths", "scatter_rows",
-           "spans", "to_slots"]
+__all__ = ["PACKED_KEYS", "at_scores", "micro_layout", "packed_micro", "padded_micro", "prompt_groups",
+           "prompt_sharing", "real_lengths", "scatter_rows", "spans", "to_slots"]
 
 # Per-row arrays of the padded layout that the packed layout replaces by its own.
 _PADDED_ONLY = ("input_ids", "positions", "attention_mask")
@@ -65,6 +76,28 @@ def real_lengths(attention_mask: np.ndarray) -> np.ndarray:
     return (np.asarray(attention_mask) != 0).sum(1).astype(np.int64)
 
 
+def prompt_sharing(arrays: dict[str, np.ndarray], prompt_width: int, share: bool) -> dict[str, np.ndarray | None]:
+    """The planner's shared-prompt arguments (:func:`jaxrl.workers.seqlen.plan_slots`' ``groups`` /
+    ``prompt_lengths``) for the rows of ``arrays`` (``input_ids`` / ``attention_mask`` ``[N, P + R]``); both None
+    when not ``share``."""
+    if not share:
+        return {"groups": None, "prompt_lengths": None}
+    mask = np.asarray(arrays["attention_mask"])
+    return {"groups": prompt_groups(arrays["input_ids"], mask, prompt_width),
+            "prompt_lengths": (mask[:, : int(prompt_width)] != 0).sum(1).astype(np.int64)}
+
+
+def prompt_groups(input_ids: np.ndarray, attention_mask: np.ndarray, prompt_width: int) -> np.ndarray:
+    """Which rows repeat one prompt: ``[N]`` int64 ids, equal exactly where two rows' real prompt tokens are equal
+    (``0 .. U - 1`` over the ``U`` distinct prompts). The shared-prompt layout and planner group rows by them; no
+    metadata (``uid``) is trusted, so rows of different groups with the same prompt may share it too (exact all
+    the same)."""
+    p = int(prompt_width)
+    ids = np.where(np.asarray(attention_mask)[:, :p] != 0, np.asarray(input_ids)[:, :p], -1)
+    _, inverse = np.unique(ids, axis=0, return_inverse=True)
+    return inverse.reshape(-1).astype(np.int64)
+
+
 def padded_micro(arrays: dict[str, np.ndarray], slots: np.ndarray) -> dict[str, np.ndarray]:
     """The padded layout: every array's rows gathered by ``slots`` ``[G, S]`` into ``[G x S, ...]``, empty slots
     all zero (mask 0: they add nothing to any masked loss or metric)."""
@@ -79,7 +112,7 @@ def padded_micro(arrays: dict[str, np.ndarray], slots: np.ndarray) -> dict[str, 
 
 
 def packed_micro(arrays: dict[str, np.ndarray], slots: np.ndarray, prompt_width: int, *,
-                 max_row_tokens: int | None = None) -> dict[str, np.ndarray]:
+                 max_row_tokens: int | None = None, share_prompts: bool = False) -> dict[str, np.ndarray]:
     """The packed layout of one micro-batch.
 
     Args:
@@ -89,6 +122,8 @@ def packed_micro(arrays: dict[str, np.ndarray], slots: np.ndarray, prompt_width:
       prompt_width: ``P``.
       max_row_tokens: the token budget, if any: ``T`` is then bucketed down from it
         (:func:`~jaxrl.workers.seqlen.bucket_below`), else on the grid of :func:`~jaxrl.workers.seqlen.bucket`.
+      share_prompts: lay each distinct prompt once per device row, its later sequences only their responses
+        (see the module docstring); ``T`` then counts each shared prompt once.
 
     Returns:
       the response arrays as :func:`padded_micro` gives them (``[G x S, R]``), plus ``input_ids``, ``positions``,
@@ -97,16 +132,33 @@ def packed_micro(arrays: dict[str, np.ndarray], slots: np.ndarray, prompt_width:
       ``score_ids`` ``[G, K]`` int32 (the column before each response token and that token's id; 0 on padding) and
       ``slot_index`` ``[G, S x R]`` int32 (index into the row's ``K`` scoring columns; 0 where the response mask is
       0). ``T`` is bucketed on the fine grid (the model's cost), ``K`` on powers of two (the LM head's), as ``S`` is
-      by the planner.
+      by the planner. A shared prompt's tokens carry the segment id of the first sequence laid with it.
     """
     g, s = slots.shape
     ids, mask = arrays["input_ids"], arrays["attention_mask"]
     resp = {k: v for k, v in arrays.items() if k not in _PADDED_ONLY}
     out = padded_micro(resp, slots)
-    r = ids.shape[1] - int(prompt_width)
+    p = int(prompt_width)
+    r = ids.shape[1] - p
     start, end = spans(mask, prompt_width)
-    row_tokens = [int(sum(end[i] - start[i] for i in row if i >= 0)) for row in slots]
-    row_scores = [int(sum(end[i] - prompt_width for i in row if i >= 0)) for row in slots]
+    # per device row: for each slot, the column where its prompt starts (None: laid with it) and the row's tokens
+    layouts, row_tokens, row_scores = [], [], []
+    for row in slots:
+        laid: dict[bytes, int] = {}  # a shared prompt's tokens -> its first column in this row
+        plan, col = [], 0
+        for i in row:
+            if i < 0:
+                plan.append(None)
+                continue
+            key = ids[i, start[i] : p].tobytes() if share_prompts else None
+            shared = laid.get(key) if share_prompts else None
+            plan.append(shared)
+            if shared is None and share_prompts:
+                laid[key] = col
+            col += int(end[i] - (p if shared is not None else start[i]))
+        layouts.append(plan)
+        row_tokens.append(col)
+        row_scores.append(int(sum(end[i] - p for i in row if i >= 0)))
     if max_row_tokens is not None and max(row_tokens) <= max_row_tokens:
         t = bucket_below(max(row_tokens), int(max_row_tokens))  # anchored at the budget: most rows share it
     else:
@@ -121,24 +173,27 @@ def packed_micro(arrays: dict[str, np.ndarray], slots: np.ndarray, prompt_width:
     slot_index = np.zeros((g, s, r), np.int32)
     for d in range(g):
         col = kcol = 0
-        for j, i in enumerate(slots[d]):
+        for j, (i, shared) in enumerate(zip(slots[d], layouts[d])):
             if i < 0:
                 continue
-            n = int(end[i] - start[i])
-            input_ids[d, col : col + n] = ids[i, start[i] : end[i]]
-            positions[d, col : col + n] = np.arange(n)
-            segment_ids[d, col : col + n] = j + 1
-            segment_cols[d, j, :n] = np.arange(col, col + n)
-            nr = int(end[i] - prompt_width)  # response tokens; token q is scored at the column before it
-            first = col + int(prompt_width - start[i])  # column of response token 0
-            score_cols[d, kcol : kcol + nr] = np.arange(first - 1, first - 1 + nr)
-            score_ids[d, kcol : kcol + nr] = ids[i, prompt_width : prompt_width + nr]
+            plen, nr = int(p - start[i]), int(end[i] - p)  # prompt / response tokens
+            if shared is None:  # the whole sequence here
+                laid, seq_cols = plen + nr, np.arange(col, col + plen + nr)
+            else:  # the prompt at `shared`, the response here
+                laid = nr
+                seq_cols = np.concatenate([np.arange(shared, shared + plen), np.arange(col, col + nr)])
+            input_ids[d, col : col + laid] = ids[i, end[i] - laid : end[i]]
+            positions[d, col : col + laid] = np.arange(plen + nr - laid, plen + nr)
+            segment_ids[d, col : col + laid] = j + 1
+            segment_cols[d, j, : plen + nr] = seq_cols
+            # response token q is scored at the column of the token before it (q = 0: the prompt's last token)
+            score_cols[d, kcol : kcol + nr] = seq_cols[plen - 1 : plen - 1 + nr]
+            score_ids[d, kcol : kcol + nr] = ids[i, p : p + nr]
             slot_index[d, j, :nr] = np.arange(kcol, kcol + nr)
-            col += n
+            col += laid
             kcol += nr
     out.update(input_ids=input_ids, positions=positions, segment_ids=segment_ids, segment_cols=segment_cols,
-               score_cols=score_cols,
-               score_ids=score_ids, slot_index=slot_index.reshape(g, s * r))
+               score_cols=score_cols, score_ids=score_ids, slot_index=slot_index.reshape(g, s * r))
     return out
 
 
@@ -160,10 +215,11 @@ def to_slots(x, slot_index, response_mask):
 
 
 def micro_layout(arrays: dict[str, np.ndarray], slots: np.ndarray, prompt_width: int, *, packed: bool,
-                 max_row_tokens: int | None = None) -> dict[str, np.ndarray]:
-    """:func:`packed_micro` when ``packed``, else :func:`padded_micro` (the arrays one jitted call takes)."""
+                 max_row_tokens: int | None = None, share_prompts: bool = False) -> dict[str, np.ndarray]:
+    """:func:`packed_micro` when ``packed`` (``share_prompts``: its shared-prompt layout), else
+    :func:`padded_micro` (the arrays one jitted call takes)."""
     if packed:
-        return packed_micro(arrays, slots, prompt_width, max_row_tokens=max_row_tokens)
+        return packed_micro(arrays, slots, prompt_width, max_row_tokens=max_row_tokens, share_prompts=share_prompts)
     return padded_micro(arrays, slots)
 
 

@@ -105,6 +105,42 @@ def balanced_partitions(weights: Sequence[int], k: int) -> list[list[int]]:
     return [sorted(items) for _, items in heap[0][2]]
 
 
+def _units(lengths: np.ndarray, groups: np.ndarray | None = None, prompt_lengths: np.ndarray | None = None,
+           cap: int | None = None) -> tuple[list[list[int]], np.ndarray]:
+    """What the partitions move, as positions into ``lengths``, and each one's weight (real tokens).
+
+    Without ``groups`` every row alone, weighing its ``lengths``. With ``groups`` (shared prompts,
+    :func:`jaxrl.workers.packing.prompt_groups`) the rows of one prompt move together and weigh what the
+    shared-prompt layout lays: the prompt (``prompt_lengths``) once plus every row's response; a group over ``cap``
+    tokens is cut, in order, into pieces of at most ``cap`` (each laying the prompt again)."""
+    lengths = np.asarray(lengths, np.int64)
+    if groups is None:
+        return [[i] for i in range(len(lengths))], lengths
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(np.asarray(groups)):
+        members.setdefault(int(g), []).append(i)
+    units, weights = [], []
+    for rows in members.values():
+        prompt = int(prompt_lengths[rows[0]])
+        unit, weight = [], prompt
+        for i in rows:
+            response = int(lengths[i]) - prompt
+            if cap is not None and unit and weight + response > cap:
+                units.append(unit)
+                weights.append(weight)
+                unit, weight = [], prompt
+            unit.append(i)
+            weight += response
+        units.append(unit)
+        weights.append(weight)
+    return units, np.asarray(weights, np.int64)
+
+
+def _rows_of(parts: list[list[int]], units: list[list[int]]) -> list[list[int]]:
+    """Partitions of units as sorted positions of their rows."""
+    return [sorted(i for u in part for i in units[u]) for part in parts]
+
+
 def _slots(parts: list[list[int]], rows: np.ndarray, shards: int, per_row: int | None = None) -> np.ndarray:
     """``[shards, S]`` slots of one micro-batch from ``shards`` parts (positions into ``rows``), -1 padded."""
     s = per_row if per_row is not None else bucket(max(1, max(len(p) for p in parts)), fine=False)
@@ -115,7 +151,8 @@ def _slots(parts: list[list[int]], rows: np.ndarray, shards: int, per_row: int |
 
 
 def token_budget_slots(rows: np.ndarray, lengths: np.ndarray, budget: int, shards: int, *,
-                       key: str = "max_token_len_per_gpu") -> list[np.ndarray]:
+                       key: str = "max_token_len_per_gpu", groups: np.ndarray | None = None,
+                       prompt_lengths: np.ndarray | None = None) -> list[np.ndarray]:
     """Micro-batches of ``rows`` under a per-device token budget (verl's dynamic batch size).
 
     ``m = ceil(sum(lengths) / (budget x shards))`` micro-batches (raised until no part exceeds the budget), the rows
@@ -128,6 +165,8 @@ def token_budget_slots(rows: np.ndarray, lengths: np.ndarray, budget: int, shard
       budget: real tokens per device per micro-batch (``*_max_token_len_per_gpu``).
       shards: data-parallel devices (the train mesh's batch shards; 1 without a mesh).
       key: the budget's config key, for the error message.
+      groups, prompt_lengths: ``[K]`` each, for the shared-prompt layout: the rows of one prompt are kept
+        together (cut only where they exceed the budget) and weigh their prompt once (:func:`_units`).
 
     Returns:
       one ``[shards, S]`` slot array per micro-batch (``S`` bucketed; -1 = empty slot).
@@ -143,25 +182,29 @@ def token_budget_slots(rows: np.ndarray, lengths: np.ndarray, budget: int, shard
     longest = int(lengths.max())
     if longest > budget:
         raise ValueError(f"{key}={budget} is below the longest sequence ({longest} tokens); valid: >= {longest}")
-    m = max(1, math.ceil(int(lengths.sum()) / (budget * shards)))
+    units, weights = _units(lengths, groups, prompt_lengths, cap=budget)
+    m = max(1, math.ceil(int(weights.sum()) / (budget * shards)))
     while True:
-        parts = balanced_partitions(lengths, m * shards)
-        if max(int(lengths[p].sum()) for p in parts) <= budget:
+        parts = balanced_partitions(weights, m * shards)
+        if max(int(weights[p].sum()) for p in parts) <= budget:
             break
         m += 1
+    parts = _rows_of(parts, units)
     # parts come heaviest first: consecutive groups of `shards` are the closest in size
     return [_slots(parts[i : i + shards], rows, shards) for i in range(0, m * shards, shards)]
 
 
-def chunk_slots(rows: np.ndarray, lengths: np.ndarray, shards: int) -> np.ndarray:
-    """One micro-batch of a fixed row count: ``rows`` spread over ``shards`` devices with balanced real tokens.
+def chunk_slots(rows: np.ndarray, lengths: np.ndarray, shards: int, *, groups: np.ndarray | None = None,
+                prompt_lengths: np.ndarray | None = None) -> np.ndarray:
+    """One micro-batch of a fixed row count: ``rows`` spread over ``shards`` devices with balanced real tokens
+    (``groups`` / ``prompt_lengths``: the rows of one prompt on one device, as :func:`token_budget_slots`).
 
     Returns:
       ``[shards, S]`` slots (``S`` bucketed, -1 = empty).
     """
     rows = np.asarray(rows)
-    parts = balanced_partitions(np.asarray(lengths, np.int64), shards)
-    return _slots(parts, rows, shards)
+    units, weights = _units(lengths, groups, prompt_lengths)
+    return _slots(_rows_of(balanced_partitions(weights, shards), units), rows, shards)
 
 
 def fixed_slots(rows: np.ndarray, micro_rows: int, shards: int) -> list[np.ndarray]:
@@ -184,7 +227,8 @@ def fixed_slots(rows: np.ndarray, micro_rows: int, shards: int) -> list[np.ndarr
 
 
 def plan_slots(rows: np.ndarray, lengths: np.ndarray, *, shards: int, micro_rows: int, budget: int | None = None,
-               packed: bool = False, key: str = "max_token_len_per_gpu") -> list[np.ndarray]:
+               packed: bool = False, key: str = "max_token_len_per_gpu", groups: np.ndarray | None = None,
+               prompt_lengths: np.ndarray | None = None) -> list[np.ndarray]:
     """The micro-batches of ``rows`` as slot arrays, for every scheme a role runs.
 
     Args:
@@ -196,14 +240,21 @@ def plan_slots(rows: np.ndarray, lengths: np.ndarray, *, shards: int, micro_rows
       packed: the packed layout follows; fixed-count chunks then spread their rows over the devices by balanced
         real tokens (:func:`chunk_slots`) instead of in order (:func:`fixed_slots`).
       key: the budget's config key (messages).
+      groups, prompt_lengths: ``[K]`` each (the shared-prompt layout, ``actor.use_prefix_grouper``): which rows
+        repeat one prompt and its real tokens; the planner then keeps a prompt's rows on one device and counts
+        the prompt once. Fixed-count chunks stay consecutive rows (a GRPO batch holds each group's rows together).
 
     Returns:
       ``[shards, S]`` slot arrays, one per micro-batch.
     """
     rows, lengths = np.asarray(rows), np.asarray(lengths)
+    pick = (lambda a, sl: None if a is None else np.asarray(a)[sl])  # noqa: E731
     if budget is not None:
-        return token_budget_slots(rows, lengths, budget, shards, key=key)
+        return token_budget_slots(rows, lengths, budget, shards, key=key, groups=groups,
+                                  prompt_lengths=prompt_lengths)
     if not packed:
         return fixed_slots(rows, micro_rows, shards)
-    return [chunk_slots(rows[i : i + micro_rows], lengths[i : i + micro_rows], shards)
+    return [chunk_slots(rows[i : i + micro_rows], lengths[i : i + micro_rows], shards,
+                        groups=pick(groups, slice(i, i + micro_rows)),
+                        prompt_lengths=pick(prompt_lengths, slice(i, i + micro_rows)))
             for i in range(0, len(rows), micro_rows)]

@@ -44,7 +44,7 @@ from jaxrl.config.batch_plan import RolePlan
 from jaxrl.distributed import to_global, to_host
 from jaxrl.models.scan_layout import stack_layers, unstack_layers, unstacked_copy
 from jaxrl.workers.microbatch import check_row_shards, guarded_update, scan_accumulate, stack_micro
-from jaxrl.workers.packing import micro_layout, real_lengths
+from jaxrl.workers.packing import micro_layout, prompt_sharing, real_lengths
 from jaxrl.workers.seqlen import plan_slots
 from jaxrl.workers.optim import make_optimizer
 from jaxrl.workers.placement import activation_sharding, batch_shards, jit_sharded, rows_sharding, shard_tree
@@ -331,12 +331,14 @@ class TrainedRole:
         replicated = NamedSharding(self.mesh, PartitionSpec())
         return to_global(tree, replicated)
 
-    def micro_slots(self, idx: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
+    def micro_slots(self, idx: np.ndarray, lengths: np.ndarray, sharing: dict | None = None) -> list[np.ndarray]:
         """The micro-batches of one mini-batch (rows ``idx``) as ``[shards, S]`` slot arrays
-        (:func:`~jaxrl.workers.seqlen.plan_slots`; ``lengths`` are every batch row's real tokens)."""
+        (:func:`~jaxrl.workers.seqlen.plan_slots`; ``lengths`` are every batch row's real tokens, ``sharing`` every
+        row's :func:`~jaxrl.workers.packing.prompt_sharing`)."""
+        sharing = {k: None if v is None else v[idx] for k, v in (sharing or {}).items()}
         return plan_slots(idx, lengths[idx], shards=self.batch_shards, micro_rows=self.plan.micro_batch_rows,
                           budget=self.plan.max_token_len, packed=self.plan.remove_padding,
-                          key=self.plan.max_token_key)
+                          key=self.plan.max_token_key, **sharing)
 
     def slotted_grads(self, params, arrays, idx, prompt_width, extra=None):
         """The accumulated ``(grads, sums, weighted, tokens)`` of the mini-batch ``idx`` over its slot-planned
@@ -344,10 +346,11 @@ class TrainedRole:
         lengths = real_lengths(arrays["attention_mask"])
         num_tokens = np.float32(max(arrays["response_mask"][idx].sum(), 1.0))
         num_seqs = np.float32(len(idx))
-        packed = self.plan.remove_padding
+        packed, share = self.plan.remove_padding, self.plan.share_prompts
         acc = None
-        for slots in self.micro_slots(idx, lengths):
-            micro = micro_layout(arrays, slots, prompt_width, packed=packed, max_row_tokens=self.plan.max_token_len)
+        for slots in self.micro_slots(idx, lengths, prompt_sharing(arrays, prompt_width, share)):
+            micro = micro_layout(arrays, slots, prompt_width, packed=packed, max_row_tokens=self.plan.max_token_len,
+                                 share_prompts=share)
             if acc is None:
                 width = 0 if packed else prompt_width
                 _, (m0, w0, _) = jax.eval_shape(

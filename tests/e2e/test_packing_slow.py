@@ -2,7 +2,9 @@
 
 The quickstart (real stories260K, GRPO) and the PPO quickstart (critic too) run two steps padded and two steps with
 ``actor_rollout_ref.model.use_remove_padding=True actor_rollout_ref.actor.use_dynamic_bsz=True`` (a budget of
-several micro-batches per mini-batch). The first step sees the same weights and samples, so its metrics must agree:
+several micro-batches per mini-batch), and the quickstart once more with ``actor_rollout_ref.actor.use_prefix_grouper=True``
+(each prompt's forward once for its n responses, in the update, the old-log-prob and the reference passes). The
+first step sees the same weights and samples, so its metrics must agree:
 scores exactly, the old log-prob pass (rollout-vs-trainer gap, entropy), the losses and the gradient norm within
 fp32 tolerance. Every step logs verl's memory metrics.
 """
@@ -34,14 +36,18 @@ def _run(config: str, out: Path, extra: list[str]) -> list[dict]:
     return [r for r in records if r["step"] > 0]
 
 
-@pytest.mark.parametrize("config,losses", [
-    ("configs/quickstart.yaml", ["actor/pg_loss", "actor/kl_loss", "actor/grad_norm"]),
+PREFIX_GROUPER = ["actor_rollout_ref.actor.use_prefix_grouper=True"]
+
+
+@pytest.mark.parametrize("config,losses,extra", [
+    ("configs/quickstart.yaml", ["actor/pg_loss", "actor/kl_loss", "actor/grad_norm"], PACKED),
     ("configs/ppo_quickstart.yaml", ["actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm",
-                                     "critic/vpred_mean"]),
-])
-def test_packed_dynamic_run_matches_padded_first_step(shared, tmp_path, config, losses):
+                                     "critic/vpred_mean"], PACKED),
+    ("configs/quickstart.yaml", ["actor/pg_loss", "actor/kl_loss", "actor/grad_norm"], PREFIX_GROUPER),
+], ids=["grpo-packed", "ppo-packed", "grpo-prefix-grouper"])
+def test_packed_dynamic_run_matches_padded_first_step(shared, tmp_path, config, losses, extra):
     padded = _run(config, tmp_path / "padded", [])
-    packed = _run(config, tmp_path / "packed", PACKED)
+    packed = _run(config, tmp_path / "packed", extra)
     assert [r["step"] for r in padded] == [r["step"] for r in packed] == [1, 2]
     a, b = padded[0], packed[0]
     for key in ("critic/score/mean", "response_length/mean", "perf/total_num_tokens"):
