@@ -73,11 +73,17 @@ FRAMEWORKS = {
     # packed rows + token-budget micro-batches (use_remove_padding, use_dynamic_bsz), meant for ragged responses
     "jaxrl-packed": Framework("jaxrl-packed", "jaxrl, packed + dynamic batch", "bench/peers/jaxrl_grpo.py",
                               extra=("--packed",)),
+    # each prompt's forward once for its group's responses (actor.use_prefix_grouper: packed rows, prompts shared)
+    "jaxrl-pg": Framework("jaxrl-pg", "jaxrl, prefix grouper", "bench/peers/jaxrl_grpo.py",
+                          extra=("--prefix-grouper",)),
+    "jaxrl-pg-onpolicy": Framework("jaxrl-pg-onpolicy", "jaxrl, prefix grouper, no old-log-prob pass",
+                                   "bench/peers/jaxrl_grpo.py", extra=("--prefix-grouper", "--no-old-log-prob")),
     "trl": Framework("trl", "TRL", "bench/peers/trl_grpo.py", "scripts/setup_bench_trl.sh", ".venv-bench-trl"),
     "tunix": Framework("tunix", "Tunix", "bench/peers/tunix_grpo.py", "scripts/setup_bench_tunix.sh",
                        ".venv-bench-tunix"),
 }
-JAXRL_KEYS = ("jaxrl", "jaxrl-onpolicy", "jaxrl-packed")  # the jaxrl variants the goal lines are given for
+# the jaxrl variants the goal lines are given for
+JAXRL_KEYS = ("jaxrl", "jaxrl-onpolicy", "jaxrl-packed", "jaxrl-pg", "jaxrl-pg-onpolicy")
 # claims per workload: jaxrl step time / the framework's <= goal
 GOALS = {"fixed": {"trl": 0.5, "tunix": 1.0}, "gsm8k": {"trl": 0.5, "tunix": 0.7}}
 DEFAULT_FRAMEWORKS = {"fixed": ("jaxrl", "jaxrl-onpolicy", "trl", "tunix"),

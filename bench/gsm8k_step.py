@@ -4,7 +4,11 @@ Each variant is the real CLI, ``python -m jaxrl.train --config configs/gsm8k_grp
 n = 4 per step, prompts <= 256 tokens, responses <= 128, KL loss against the reference) for ``--steps`` steps with
 validation and checkpoints off, run one after another in this invocation:
 
-* ``padded``: the config as shipped (micro-batches of 4 rows padded to the bucketed prompt width + 128);
+* ``padded``: micro-batches of 4 rows padded to the bucketed prompt width + 128 (the config as shipped until
+  ``use_prefix_grouper``);
+* ``prefix-grouper``: ``padded`` with ``actor.use_prefix_grouper=true`` (packed rows, each prompt laid once for its
+  4 responses in the update, the old-log-prob and the reference passes; micro-batches of 4 and 8 rows = 1 and 2
+  prompts);
 * ``packed``: the same with ``use_remove_padding`` + ``use_dynamic_bsz`` (packed rows, 1024-token micro-batches);
 * ``on-policy``: ``padded`` with ``actor.recompute_old_log_prob=false``: the config makes one on-policy update per
   step, so the update's own (detached) log-probs are the old ones and the separate old-log-prob pass is skipped, as
@@ -49,12 +53,15 @@ from bench.common import ROOT, WORK_DIR, header_lines, write_section  # noqa: E4
 
 CONFIG = "configs/gsm8k_grpo_smollm2_135m.yaml"
 PADDED = ["actor_rollout_ref.model.use_remove_padding=false", "actor_rollout_ref.actor.use_dynamic_bsz=false",
-          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"]  # the shipped config's values, spelled out
+          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+          "actor_rollout_ref.actor.use_prefix_grouper=false"]  # padded rows, every prompt once per response
 PACKED = ["actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.actor.use_dynamic_bsz=true",
-          "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1024"]
+          "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1024", "actor_rollout_ref.actor.use_prefix_grouper=false"]
 ON_POLICY = [*PADDED, "actor_rollout_ref.actor.recompute_old_log_prob=false"]
+PREFIX_GROUPER = [*PADDED[:-1], "actor_rollout_ref.actor.use_prefix_grouper=true"]
 BF16_ROLLOUT = "actor_rollout_ref.rollout.dtype=bfloat16"
-VARIANTS = {"packed": PACKED, "padded": PADDED, "on-policy": ON_POLICY, "bf16-rollout": [*PADDED, BF16_ROLLOUT],
+VARIANTS = {"packed": PACKED, "padded": PADDED, "prefix-grouper": PREFIX_GROUPER, "on-policy": ON_POLICY,
+            "bf16-rollout": [*PADDED, BF16_ROLLOUT],
             "bf16-rollout-on-policy": [*ON_POLICY, BF16_ROLLOUT]}
 PHASES = ("gen", "old_log_prob", "ref", "update_actor")
 

@@ -21,7 +21,8 @@ with the generation prompt), prompts <= 256 tokens, responses stop at EOS or 128
 padded rows and micro-batches of 8 rows spelled out (``use_remove_padding=false``, ``use_dynamic_bsz=false``).
 ``--packed`` turns on packed rows and token-budget micro-batches instead (``use_remove_padding=true``,
 ``use_dynamic_bsz=true``, ``ppo_max_token_len_per_gpu`` and the rollout's ``log_prob_max_token_len_per_gpu``
-1024, ``log_prob_use_dynamic_bsz=true``).
+1024, ``log_prob_use_dynamic_bsz=true``). ``--prefix-grouper`` adds ``actor.use_prefix_grouper=true`` (each
+prompt's forward once for its group's responses, in the update and the old-log-prob pass).
 """
 
 from __future__ import annotations
@@ -75,10 +76,11 @@ PACKED = ["actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.
           f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={W.GSM8K_TOKEN_BUDGET}",
           "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
           f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={W.GSM8K_TOKEN_BUDGET}"]
+PREFIX_GROUPER = "actor_rollout_ref.actor.use_prefix_grouper=true"
 
 
 def overrides(model_dir: Path, run_dir: Path, steps: int, *, ignore_eos: bool, old_pass: bool = True,
-              workload: W.Workload = W.FIXED, packed: bool = False) -> list[str]:
+              workload: W.Workload = W.FIXED, packed: bool = False, prefix_grouper: bool = False) -> list[str]:
     """The ``key=value`` overrides that turn ``configs/quickstart.yaml`` into the shared workload (``packed``:
     :data:`PACKED` rows and token-budget micro-batches; a non-fixed workload without it spells out :data:`PADDED`)."""
     ov = [
@@ -136,6 +138,8 @@ def overrides(model_dir: Path, run_dir: Path, steps: int, *, ignore_eos: bool, o
         ov += PACKED
     elif workload is not W.FIXED:  # the fixed workload's overrides stay what they always were
         ov += PADDED
+    if prefix_grouper:
+        ov.append(PREFIX_GROUPER)
     return ov
 
 
@@ -178,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--packed", action="store_true",
                    help="packed rows + token-budget micro-batches (use_remove_padding, use_dynamic_bsz, "
                         f"{W.GSM8K_TOKEN_BUDGET} tokens)")
+    p.add_argument("--prefix-grouper", action="store_true",
+                   help=f"{PREFIX_GROUPER}: each prompt's forward once for its group (packed rows)")
     p.add_argument("--ignore-eos", choices=("on", "off"), default=None,
                    help="pass rollout.ignore_eos=true so every response has the workload's length (default: on for "
                         "the fixed workload, off for gsm8k)")
@@ -208,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cmd = [sys.executable, "-m", "jaxrl.train", "--config", str(CONFIG),
            *overrides(model_dir, run_dir, args.steps, ignore_eos=ignore_eos, old_pass=not args.no_old_log_prob,
-                      workload=workload, packed=args.packed)]
+                      workload=workload, packed=args.packed, prefix_grouper=args.prefix_grouper)]
     log_path = run_dir / "train.log"
     t0 = time.perf_counter()
     with open(log_path, "w", encoding="utf-8") as log:
@@ -239,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"process wall {wall:.1f} s incl. model load, compile and final export")
     notes.append("total_s = timing_s/step: gen + reward + old_log_prob + adv + update_actor + sync "
                  "(no ref: KL off)" + ("; recompute_old_log_prob=false: no old_log_prob phase" if args.no_old_log_prob
-                                       else ""))
+                                       else "") + (f"; {PREFIX_GROUPER}" if args.prefix_grouper else ""))
     if not workload.exact_length:
         notes.append(f"{workload.name}: prompts = chat messages in the dataset, rendered by jaxrl with the "
                      f"tokenizer's chat template (generation prompt on); responses stop at EOS or "

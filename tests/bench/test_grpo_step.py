@@ -220,6 +220,11 @@ def test_jaxrl_overrides_validate_and_differ_only_where_meant(tmp_path):
     assert cfg.actor_rollout_ref.rollout.log_prob_use_dynamic_bsz is True
     assert cfg.actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu == 1024
     assert not load_config(J.CONFIG, padded).actor_rollout_ref.actor.use_dynamic_bsz
+    grouped = J.overrides(tmp_path / "m", tmp_path, 3, ignore_eos=True, prefix_grouper=True)
+    assert _ov(grouped)["actor_rollout_ref.actor.use_prefix_grouper"] == "true"
+    assert load_config(J.CONFIG, grouped).actor_rollout_ref.actor.use_prefix_grouper
+    assert not load_config(J.CONFIG, fixed).actor_rollout_ref.actor.use_prefix_grouper
+    assert G.FRAMEWORKS["jaxrl-pg"].extra == ("--prefix-grouper",) and "jaxrl-pg" in G.JAXRL_KEYS
 
 
 def test_jaxrl_dataset_holds_chat_messages(tmp_path, shared):
