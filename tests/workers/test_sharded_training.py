@@ -66,8 +66,11 @@ def copy(params):
     return jax.tree.map(lambda x: jnp.array(x, copy=True), params)
 
 
-def make_batch(seed=0) -> RLBatch:
+def make_batch(seed=0, grouped=False) -> RLBatch:
+    """``grouped``: each pair of rows repeats one prompt (a GRPO group of n = 2, for the shared-prompt layout)."""
     batch, rng = tiny_batch(N, seed, prompt_width=P, response_width=R, vocab_size=CFG.vocab_size)
+    if grouped:
+        batch.prompt_ids[1::2], batch.prompt_mask[1::2] = batch.prompt_ids[0::2], batch.prompt_mask[0::2]
     response_mask = batch.response_mask
     batch.advantages = (rng.normal(size=(N, R)) * response_mask).astype(np.float32)
     batch.old_log_probs = (-rng.uniform(0.5, 4.0, size=(N, R)) * response_mask).astype(np.float32)
@@ -167,18 +170,20 @@ def test_sharded_critic_update_equals_single_device():
     assert q.sharding.spec == PartitionSpec("fsdp", "tensor", None)
 
 
-def test_packed_actor_and_critic_on_the_mesh_equal_single_device_padded(policy):
+@pytest.mark.parametrize("share", [False, True], ids=["packed", "prefix-grouper"])
+def test_packed_actor_and_critic_on_the_mesh_equal_single_device_padded(policy, share):
     """use_remove_padding (and a per-device token budget) on data 2 x fsdp 2 x tensor 2: packed rows, one per batch
-    shard, give the single-device padded log-probs, update and values."""
+    shard, give the single-device padded log-probs, update and values; so do shared prompts
+    (``use_prefix_grouper``: each pair of rows repeats a prompt, laid once on its device)."""
     graphdef, params = policy
     budget = 20  # real tokens per device: several micro-batches per mini-batch
-    batch = make_batch(seed=2)
+    batch = make_batch(seed=2, grouped=share)
     single = make_actor(graphdef, params)
     mesh = make_mesh(**SIZES)
     packed = make_actor(graphdef, params, mesh)
-    packed.plan = dataclasses.replace(packed.plan, remove_padding=True, max_token_len=budget)
+    packed.plan = dataclasses.replace(packed.plan, remove_padding=True, share_prompts=share, max_token_len=budget)
     packed.log_prob = LogProbComputer(graphdef, micro_batch_size=8, temperature=0.9, mesh=mesh, remove_padding=True,
-                                      max_token_len=budget)
+                                      share_prompts=share, max_token_len=budget)
     lp1, ent1 = single.compute_log_probs(batch)
     lp8, ent8 = packed.compute_log_probs(batch)
     np.testing.assert_allclose(lp8, lp1, rtol=0, atol=2e-5)
