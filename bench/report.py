@@ -16,7 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import RESULTS_DIR, ROOT, machine_info, now_utc, versions  # noqa: E402
 
-ORDER = ("summary", "grpo_step", "grpo_step_gsm8k", "grpo_step_prefix_grouper", "rollout_throughput",
+ORDER = ("summary", "grpo_step", "grpo_step_gsm8k", "grpo_step_prefix_grouper", "grpo_step_gsm8k_prefix_grouper",
+         "rollout_throughput",
          "rollout_throughput_bf16", "long_decode",
          "jetstream_throughput", "train_throughput", "scaling", "reshard", "lora", "memory", "memory_saves",
          "memory_cpu_hour", "gsm8k_step", "gsm8k_cpu_hour", "async_step", "hybrid_sync", "gpu_h200", "gpu_h100")
