@@ -183,6 +183,10 @@ def token_budget_slots(rows: np.ndarray, lengths: np.ndarray, budget: int, shard
     if longest > budget:
         raise ValueError(f"{key}={budget} is below the longest sequence ({longest} tokens); valid: >= {longest}")
     units, weights = _units(lengths, groups, prompt_lengths, cap=budget)
+    # _units keeps every unit within the budget when every row is (checked above); were one over, no partition
+    # could hold it and the loop below would raise m forever: refuse instead
+    if int(weights.max()) > budget:
+        raise ValueError(f"{key}={budget} is below a unit of {int(weights.max())} tokens; valid: >= that")
     m = max(1, math.ceil(int(weights.sum()) / (budget * shards)))
     while True:
         parts = balanced_partitions(weights, m * shards)
