@@ -58,7 +58,8 @@ PADDED = ["actor_rollout_ref.model.use_remove_padding=false", "actor_rollout_ref
 PACKED = ["actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.actor.use_dynamic_bsz=true",
           "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1024", "actor_rollout_ref.actor.use_prefix_grouper=false"]
 ON_POLICY = [*PADDED, "actor_rollout_ref.actor.recompute_old_log_prob=false"]
-PREFIX_GROUPER = [*PADDED[:-1], "actor_rollout_ref.actor.use_prefix_grouper=true"]
+PREFIX_GROUPER = [*(o for o in PADDED if "use_prefix_grouper" not in o),
+                  "actor_rollout_ref.actor.use_prefix_grouper=true"]
 BF16_ROLLOUT = "actor_rollout_ref.rollout.dtype=bfloat16"
 VARIANTS = {"packed": PACKED, "padded": PADDED, "prefix-grouper": PREFIX_GROUPER, "on-policy": ON_POLICY,
             "bf16-rollout": [*PADDED, BF16_ROLLOUT],

@@ -151,9 +151,9 @@ def packed_micro(arrays: dict[str, np.ndarray], slots: np.ndarray, prompt_width:
                 plan.append(None)
                 continue
             key = ids[i, start[i] : p].tobytes() if share_prompts else None
-            shared = laid.get(key) if share_prompts else None
+            shared = laid.get(key)  # always None without sharing: nothing is laid under a key
             plan.append(shared)
-            if shared is None and share_prompts:
+            if share_prompts and shared is None:
                 laid[key] = col
             col += int(end[i] - (p if shared is not None else start[i]))
         layouts.append(plan)

@@ -333,12 +333,11 @@ class TrainedRole:
 
     def micro_slots(self, idx: np.ndarray, lengths: np.ndarray, sharing: dict | None = None) -> list[np.ndarray]:
         """The micro-batches of one mini-batch (rows ``idx``) as ``[shards, S]`` slot arrays
-        (:func:`~jaxrl.workers.seqlen.plan_slots`; ``lengths`` are every batch row's real tokens, ``sharing`` every
-        row's :func:`~jaxrl.workers.packing.prompt_sharing`)."""
-        sharing = {k: None if v is None else v[idx] for k, v in (sharing or {}).items()}
+        (:func:`~jaxrl.workers.seqlen.plan_slots`; ``lengths`` are every batch row's real tokens, ``sharing`` the
+        :func:`~jaxrl.workers.packing.prompt_sharing` of the rows ``idx``, in that order)."""
         return plan_slots(idx, lengths[idx], shards=self.batch_shards, micro_rows=self.plan.micro_batch_rows,
                           budget=self.plan.max_token_len, packed=self.plan.remove_padding,
-                          key=self.plan.max_token_key, **sharing)
+                          key=self.plan.max_token_key, **(sharing or {}))
 
     def slotted_grads(self, params, arrays, idx, prompt_width, extra=None):
         """The accumulated ``(grads, sums, weighted, tokens)`` of the mini-batch ``idx`` over its slot-planned
@@ -348,7 +347,9 @@ class TrainedRole:
         num_seqs = np.float32(len(idx))
         packed, share = self.plan.remove_padding, self.plan.share_prompts
         acc = None
-        for slots in self.micro_slots(idx, lengths, prompt_sharing(arrays, prompt_width, share)):
+        # the shared-prompt groups of this mini-batch's rows only (not the whole batch's again per mini-batch)
+        mini = {k: arrays[k][idx] for k in ("input_ids", "attention_mask")} if share else arrays
+        for slots in self.micro_slots(idx, lengths, prompt_sharing(mini, prompt_width, share)):
             micro = micro_layout(arrays, slots, prompt_width, packed=packed, max_row_tokens=self.plan.max_token_len,
                                  share_prompts=share)
             if acc is None:

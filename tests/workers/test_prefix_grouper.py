@@ -169,3 +169,27 @@ def test_use_prefix_grouper_reaches_the_plan():
     assert not off.actor.share_prompts and not off.actor.remove_padding
     with pytest.raises(ConfigError, match="use_prefix_grouper=True"):
         load_config(None, [*base, "algorithm.dpo.enable=true", "actor_rollout_ref.actor.use_prefix_grouper=true"])
+
+
+def test_shared_update_over_shuffled_mini_batches_equals_padded():
+    """Two shuffled mini-batches per step (each plans its own rows' prompt groups): the whole ``update`` (AdamW
+    steps, metrics) with shared prompts equals the padded one."""
+    from jaxrl.workers.actor import ActorWorker
+    from tests.helpers import actor_setup
+
+    graphdef, params = nnx.split(Decoder(tiny_model_config("llama"), rngs=nnx.Rngs(5)))
+    batch = grouped_batch(n=12, group=3, seed=8)
+    copy = lambda t: jax.tree.map(lambda x: jnp.array(x, copy=True), t)  # noqa: E731
+    workers = []
+    for share in (False, True):
+        cfg, plan = actor_setup(rows=12, log_prob_micro=12, ppo_mini_batch_size=6, ppo_micro_batch_size_per_gpu=3,
+                                shuffle=True)
+        plan = dataclasses.replace(plan, remove_padding=share, share_prompts=share)
+        workers.append(ActorWorker(graphdef, copy(params), cfg, plan=plan, temperature=0.8, total_training_steps=1))
+    base, shared = workers
+    assert base.plan.mini_batch_rows == 6  # two mini-batches: the shared planner sees a shuffled subset each time
+    m0, m1 = base.update(batch), shared.update(batch)
+    assert max_diff(shared.params, base.params) < 1e-5
+    assert max_diff(shared.params, params) > 1e-4
+    for key, v in m0.items():
+        np.testing.assert_allclose(m1[key], v, rtol=1e-4, atol=1e-6, err_msg=key)
