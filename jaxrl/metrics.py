@@ -17,15 +17,19 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxrl.host_memory import phase_heap
+
 VALID_LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 
 
 @contextmanager
 def timed(name: str, timings: dict[str, float]):
     """Add the wall time (seconds) of the ``with`` body to ``timings[name]``; the body's peak resident memory goes
-    to :data:`phase_peaks` under the same name."""
+    to :data:`phase_peaks` under the same name. The body runs as one phase of the host allocator
+    (:func:`jaxrl.host_memory.phase_heap`: freed buffers reused inside it, handed back to the OS at its end; the
+    timing includes that hand-back)."""
     t0 = time.perf_counter()
-    with phase_peaks.phase(name):
+    with phase_peaks.phase(name), phase_heap():
         try:
             yield
         finally:

@@ -213,3 +213,60 @@ def test_the_heap_top_is_kept_between_allocations_until_the_explicit_trim(mode):
         assert r["after_free_mib"] >= 3 and r["after_trim_mib"] < 2, r
     else:
         assert r["after_free_mib"] < 2, r
+
+
+_PHASE_PROBE = _LIBC_PROBE + """
+from jaxrl.metrics import timed
+
+def mapped(nbytes):
+    before = libc.mallinfo2().hblks
+    p = libc.malloc(nbytes)
+    n = libc.mallinfo2().hblks - before
+    libc.free(p)
+    return n
+
+set_it = host_memory.use_mmap_for_large_buffers() if sys.argv[1] != "unset" else None
+out = {"set": set_it, "before": mapped(2 << 20)}
+with timed("gen", {}):  # a trainer phase
+    out["inside"] = mapped(2 << 20)
+    with host_memory.phase_heap():  # nested (a step holds its phases)
+        out["nested"] = mapped(64 << 20)
+    out["after_nested"] = mapped(2 << 20)
+    big = [libc.malloc(8 << 20) for _ in range(4)]  # 32 MiB in the heap
+    for p in reversed(big):
+        libc.free(p)
+    out["free_kept_mib"] = libc.mallinfo2().arena >> 20  # the heap's free top stays for the next op
+out["after"] = mapped(2 << 20)
+out["arena_after_mib"] = libc.mallinfo2().arena >> 20  # handed back at the phase's end
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not GLIBC, reason="mallopt / mallinfo2 are glibc's")
+@pytest.mark.parametrize("mode", ["set", "unset", "env"])
+def test_a_phase_reuses_freed_buffers_and_hands_them_back_at_its_end(mode):
+    """Inside a timed phase (and a phase nested in it) a 2 MiB or 64 MiB buffer comes from the heap, not a mapping of
+    its own, and 32 MiB freed at the heap's top stays mapped; after the phase the 1 MiB threshold is back and the
+    free top has been handed back. Where the trainer's settings were not made (not called, or a user's
+    MALLOC_MMAP_THRESHOLD_), a phase changes nothing."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    env.pop("MALLOC_MMAP_THRESHOLD_", None)
+    env.pop("MALLOC_TRIM_THRESHOLD_", None)
+    if mode == "env":
+        env["MALLOC_MMAP_THRESHOLD_"] = str(1 << 20)  # the user's fixed threshold: phases leave it alone
+    out = subprocess.run([sys.executable, "-c", _PHASE_PROBE, mode], env=env, capture_output=True, text=True,
+                         timeout=120, check=True)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    if mode == "set":
+        assert r["set"] is True and r["before"] == 1 and r["after"] == 1, r
+        assert r["inside"] == 0 and r["nested"] == 0 and r["after_nested"] == 0, r
+        assert r["free_kept_mib"] >= 32 and r["arena_after_mib"] < 8, r
+    elif mode == "env":  # the user's 1 MiB threshold holds everywhere, inside the phase too
+        assert r["set"] is False and r["before"] == r["inside"] == r["after"] == 1 and r["nested"] == 1, r
+    else:  # glibc's own dynamic threshold (raised by the first 2 MiB free): a 64 MiB block still gets a mapping
+        assert r["set"] is None and r["nested"] == 1 and r["inside"] == r["after"] == 0, r
