@@ -48,7 +48,8 @@ def bucket_below(n: int, top: int) -> int:
     """The smallest size ``>= n`` on the grid ``top x {1, 7/8, 3/4, 5/8, 1/2, 3/8, 1/4, 3/16, 1/8, ...}`` (eighths
     of ``top`` down to its half, then ``{1, 3/4}`` per octave; rounded up to whole tokens): packed rows under a token
     budget ``top`` mostly fill it, so most micro-batches share the one shape ``top``, and one that does not wastes
-    at most an eighth of the budget above half of it (5 widths there; with only {1, 3/4, 1/2} there, a GSM8K group of 590 tokens under a 1024 budget took 768 columns, now 640: the update 8% faster).
+    at most an eighth of the budget above half of it (5 widths there; with only {1, 3/4, 1/2} there, a GSM8K group
+    of 590 tokens under a 1024 budget took 768 columns, now 640: the update 8% faster).
 
     Raises:
       ValueError: ``n > top`` or ``top < 1``.
