@@ -11,8 +11,9 @@ This machine's backend is the CPU, so device memory *is* host memory: what a GPU
 as RSS, and "peak RSS" is what a run's ``perf/cpu_memory_peak_gb`` (VmHWM) reports, not the step-end RSS.
 
 Each step runs as the trainer's does (:mod:`jaxrl.host_memory`): glibc's mmap threshold fixed at 1 MiB before the
-build, the free memory handed back to the OS after every XLA compile, before the update and at the step end (before
-the step's RSS is read). ``--save`` adds an asynchronous checkpoint save after every step (before the checkpoint store
+build, each phase but the save run as :func:`jaxrl.host_memory.phase_heap` (freed buffers reused inside it, handed
+back at its end), the free memory handed back to the OS after every XLA compile, before the update and at the step
+end (before the step's RSS is read). ``--save`` adds an asynchronous checkpoint save after every step (before the checkpoint store
 handed a finalized save's host copy back to the OS, each save left about the state's size resident).
 
 Run: ``python bench/memory.py`` (about 10 minutes on 2 cores; the data is prepared first if missing), or with
@@ -23,6 +24,7 @@ Writes ``bench/results/memory.md`` (``--name`` adds a section ``memory_<name>``)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -111,7 +113,7 @@ def main() -> None:
 
     from jaxrl.build import build
     from jaxrl.config.loader import load_config
-    from jaxrl.host_memory import release_free_memory, set_up_host_memory
+    from jaxrl.host_memory import phase_heap, release_free_memory, set_up_host_memory
     from jaxrl.trainer import Trainer
 
     set_up_host_memory(jax.monitoring.register_event_duration_secs_listener)  # as run_training does, before the build
@@ -153,38 +155,37 @@ def main() -> None:
         trainer.step = step
         batch = metrics = None
         for name in PHASES:
+            skipped = ((name == "old_log_prob" and not cfg.actor_rollout_ref.actor.recompute_old_log_prob)  # on-policy
+                       or (name == "ref" and c.ref is None) or (name == "save" and not args.save)
+                       or (name == "validate" and not args.val))
+            if skipped:
+                continue
             if name == "update_actor":  # as Trainer.train_step: freed memory back to the OS before the update
                 release_free_memory()
             before = rss.reset()
             t = time.perf_counter()
-            if name == "gen":
-                batch, metrics = c.experience.make_experience(c.train_data, seed=trainer._seed(), timings={})
-            elif name == "old_log_prob":
-                if not cfg.actor_rollout_ref.actor.recompute_old_log_prob:  # on-policy: the trainer skips it
-                    continue
-                batch.old_log_probs, _ = c.actor.compute_log_probs(batch)
-            elif name == "ref":
-                if c.ref is None:
-                    continue
-                batch.ref_log_probs, _ = c.ref.compute_log_probs(batch)
-            elif name == "adv":
-                batch.token_level_rewards = trainer._apply_kl_in_reward(batch, metrics)
-                batch.advantages, batch.returns = trainer._advantages(batch)
-            elif name == "update_actor":
-                c.actor.update(batch)
-            elif name == "sync":
-                trainer.sync_rollout()
-            elif name == "step_end":  # what Trainer.train_step does before reading perf/cpu_memory_used_gb
-                release_free_memory()
-            elif name == "save":  # after the step, as TrainingLoop.fit saves
-                if not args.save:
-                    continue
-                if not trainer.save_checkpoint():
-                    raise SystemExit(f"step {step}: the checkpoint save did not start (see the log above)")
-            elif name == "validate":  # after the step, as TrainingLoop.fit validates every test_freq steps
-                if not args.val:
-                    continue
-                trainer.validate()
+            # every phase but the save runs as the trainer's timed phases do (jaxrl.metrics.timed: phase_heap)
+            with contextlib.nullcontext() if name == "save" else phase_heap():
+                if name == "gen":
+                    batch, metrics = c.experience.make_experience(c.train_data, seed=trainer._seed(), timings={})
+                elif name == "old_log_prob":
+                    batch.old_log_probs, _ = c.actor.compute_log_probs(batch)
+                elif name == "ref":
+                    batch.ref_log_probs, _ = c.ref.compute_log_probs(batch)
+                elif name == "adv":
+                    batch.token_level_rewards = trainer._apply_kl_in_reward(batch, metrics)
+                    batch.advantages, batch.returns = trainer._advantages(batch)
+                elif name == "update_actor":
+                    c.actor.update(batch)
+                elif name == "sync":
+                    trainer.sync_rollout()
+                elif name == "step_end":  # what Trainer.train_step does before reading perf/cpu_memory_used_gb
+                    release_free_memory()
+                elif name == "save":  # after the step, as TrainingLoop.fit saves
+                    if not trainer.save_checkpoint():
+                        raise SystemExit(f"step {step}: the checkpoint save did not start (see the log above)")
+                elif name == "validate":  # after the step, as TrainingLoop.fit validates every test_freq steps
+                    trainer.validate()
             rows.append(dict(step=step, phase=name, seconds=time.perf_counter() - t, before_gb=before,
                              peak_gb=rss.peak, after_gb=rss.now(), live_gb=live_gb(),
                              rows=int(batch.size), prompt_width=int(batch.prompt_width),
@@ -218,7 +219,8 @@ def main() -> None:
          + ("validation after every step, " if args.val else "validation off, ")
          + ("an asynchronous checkpoint save after every step (the store hands its host copy back to the OS once "
             "the save is finalized), " if args.save else "no checkpoint saves, ")
-         + "as the trainer does (jaxrl.host_memory): glibc's mmap threshold fixed at 1 MiB, free memory handed back "
+         + "as the trainer does (jaxrl.host_memory): glibc's mmap threshold fixed at 1 MiB, each phase but the save "
+         + "reusing freed buffers in the heap and handing them back at its end, free memory handed back "
            "to the OS after every compile, before the update and at each step end",
          f"rows per step: {cache_rows}; model: {model_cfg.model_type}, {model_cfg.num_hidden_layers} layers, "
          f"params {tree_gb(c.actor.params) * GB / 4 / 1e6:.1f} M (float32)",
