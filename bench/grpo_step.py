@@ -78,12 +78,16 @@ FRAMEWORKS = {
                           extra=("--prefix-grouper",)),
     "jaxrl-pg-onpolicy": Framework("jaxrl-pg-onpolicy", "jaxrl, prefix grouper, no old-log-prob pass",
                                    "bench/peers/jaxrl_grpo.py", extra=("--prefix-grouper", "--no-old-log-prob")),
+    # everything a ragged GRPO batch can use: shared prompts, token-budget micro-batches, no old-log-prob pass
+    "jaxrl-pg-packed-onpolicy": Framework(
+        "jaxrl-pg-packed-onpolicy", "jaxrl, prefix grouper + dynamic batch, no old-log-prob pass",
+        "bench/peers/jaxrl_grpo.py", extra=("--prefix-grouper", "--packed", "--no-old-log-prob")),
     "trl": Framework("trl", "TRL", "bench/peers/trl_grpo.py", "scripts/setup_bench_trl.sh", ".venv-bench-trl"),
     "tunix": Framework("tunix", "Tunix", "bench/peers/tunix_grpo.py", "scripts/setup_bench_tunix.sh",
                        ".venv-bench-tunix"),
 }
 # the jaxrl variants the goal lines are given for
-JAXRL_KEYS = ("jaxrl", "jaxrl-onpolicy", "jaxrl-packed", "jaxrl-pg", "jaxrl-pg-onpolicy")
+JAXRL_KEYS = ("jaxrl", "jaxrl-onpolicy", "jaxrl-packed", "jaxrl-pg", "jaxrl-pg-onpolicy", "jaxrl-pg-packed-onpolicy")
 # claims per workload: jaxrl step time / the framework's <= goal
 GOALS = {"fixed": {"trl": 0.5, "tunix": 1.0}, "gsm8k": {"trl": 0.5, "tunix": 0.7}}
 DEFAULT_FRAMEWORKS = {"fixed": ("jaxrl", "jaxrl-onpolicy", "trl", "tunix"),

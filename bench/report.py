@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import RESULTS_DIR, ROOT, machine_info, now_utc, versions  # noqa: E402
 
 ORDER = ("summary", "grpo_step", "grpo_step_gsm8k", "grpo_step_prefix_grouper", "grpo_step_gsm8k_prefix_grouper",
+         "grpo_step_gsm8k_dynamic",
          "rollout_throughput",
          "rollout_throughput_bf16", "long_decode",
          "jetstream_throughput", "train_throughput", "scaling", "reshard", "lora", "memory", "memory_saves",
