@@ -82,7 +82,8 @@ def run_variant(name: str, overrides: list[str], steps: int, code: Path = ROOT, 
     if out.exists():
         subprocess.run(["rm", "-rf", str(out)], check=True)
     data = ROOT / "outputs" / "data" / "gsm8k"  # absolute: an older revision runs from its own worktree
-    cmd = [sys.executable, "-m", "jaxrl.train", "--config", str(ROOT / CONFIG), *overrides,
+    # the config of the code that runs (an older revision's as it shipped it: keys added since would be unknown there)
+    cmd = [sys.executable, "-m", "jaxrl.train", "--config", str(code / CONFIG), *overrides,
            f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
            f"trainer.total_training_steps={steps}", "trainer.val_before_train=false", "trainer.test_freq=-1",
            "trainer.save_freq=-1", "trainer.resume_mode=disable", f"trainer.default_local_dir={out}",
