@@ -250,9 +250,9 @@ def test_the_default_install_never_imports_ray():
 def test_host_memory_imports_only_the_standard_library_and_the_trainers_call_it():
     """jaxrl.host_memory (glibc's malloc_trim) is standard library only; the RL trainer, the offline trainer and the
     hybrid worker call it at each step end, the checkpoint store when a save is finalized, the program budget when it
-    drops the compiled programs."""
+    drops the compiled programs, the phase timers (jaxrl.metrics.timed) around every phase (phase_heap)."""
     imps = _imports(ROOT / "jaxrl" / "host_memory.py")
     assert imps and all(_top(i) in STDLIB for i in imps), imps
     users = {m for m, i in _modules("jaxrl").items() if any(_under(x, "jaxrl.host_memory") for x in i)}
     assert users == {"jaxrl.trainer", "jaxrl.offline.trainer", "jaxrl.hybrid.worker", "jaxrl.checkpoint.store",
-                     "jaxrl.program_budget"}, users
+                     "jaxrl.program_budget", "jaxrl.metrics"}, users
