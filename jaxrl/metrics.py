@@ -26,8 +26,8 @@ VALID_LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 def timed(name: str, timings: dict[str, float]):
     """Add the wall time (seconds) of the ``with`` body to ``timings[name]``; the body's peak resident memory goes
     to :data:`phase_peaks` under the same name. The body runs as one phase of the host allocator
-    (:func:`jaxrl.host_memory.phase_heap`: freed buffers reused inside it, handed back to the OS at its end; the
-    timing includes that hand-back)."""
+    (:func:`jaxrl.host_memory.phase_heap`: freed buffers reused inside it, handed back to the OS at its end, after
+    the time is taken; an enclosing phase, such as the whole ``step``, counts it)."""
     t0 = time.perf_counter()
     with phase_peaks.phase(name), phase_heap():
         try:
