@@ -68,6 +68,7 @@ class _Settings:
 
     mallopt = None
     trim_threshold: int | None = None  # restored after a phase; None: the user's MALLOC_TRIM_THRESHOLD_ stands
+    mmap_max = MMAP_MAX_DEFAULT  # restored after a phase: glibc's default or the user's MALLOC_MMAP_MAX_
     depth = 0
     lock = threading.Lock()
 
@@ -137,6 +138,10 @@ def use_mmap_for_large_buffers(nbytes: int = MMAP_THRESHOLD_BYTES) -> bool:
     if not os.environ.get("MALLOC_TRIM_THRESHOLD_"):
         mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
         _Settings.trim_threshold = TRIM_THRESHOLD_BYTES
+    try:
+        _Settings.mmap_max = int(os.environ.get("MALLOC_MMAP_MAX_", MMAP_MAX_DEFAULT))
+    except ValueError:  # not a number: glibc ignores it too
+        _Settings.mmap_max = MMAP_MAX_DEFAULT
     _Settings.mallopt = mallopt
     return True
 
@@ -150,8 +155,9 @@ def phase_heap():
     from a malloc arena, not a mapping of its own (``mallopt(M_MMAP_MAX, 0)``; glibc still maps a block a thread's
     arena cannot hold), and the heap's free top is kept up to 1 GiB (``M_TRIM_THRESHOLD``, unless the user set
     ``MALLOC_TRIM_THRESHOLD_``). When the last open phase ends, :func:`use_mmap_for_large_buffers`'s settings come
-    back; every phase's end calls :func:`release_free_memory` (about 0.1 s). Does nothing but run the body where
-    :func:`use_mmap_for_large_buffers` set nothing (a user's ``MALLOC_MMAP_THRESHOLD_``, not glibc, not called).
+    back (and a user's ``MALLOC_MMAP_MAX_``); every phase's end calls :func:`release_free_memory` (about 0.1 s).
+    Does nothing but run the body where :func:`use_mmap_for_large_buffers` set nothing (a user's
+    ``MALLOC_MMAP_THRESHOLD_``, not glibc, not called).
     Never raises of its own.
     """
     mallopt = _Settings.mallopt
@@ -170,7 +176,7 @@ def phase_heap():
         with _Settings.lock:
             _Settings.depth -= 1
             if _Settings.depth == 0:
-                mallopt(M_MMAP_MAX, MMAP_MAX_DEFAULT)
+                mallopt(M_MMAP_MAX, _Settings.mmap_max)
                 if _Settings.trim_threshold is not None:
                     mallopt(M_TRIM_THRESHOLD, _Settings.trim_threshold)
         release_free_memory()

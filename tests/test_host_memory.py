@@ -243,7 +243,7 @@ print(json.dumps(out))
 
 
 @pytest.mark.skipif(not GLIBC, reason="mallopt / mallinfo2 are glibc's")
-@pytest.mark.parametrize("mode", ["set", "unset", "env"])
+@pytest.mark.parametrize("mode", ["set", "unset", "env", "mmap_max_env"])
 def test_a_phase_reuses_freed_buffers_and_hands_them_back_at_its_end(mode):
     """Inside a timed phase (and a phase nested in it) a 2 MiB or 64 MiB buffer comes from the heap, not a mapping of
     its own, and 32 MiB freed at the heap's top stays mapped; after the phase the 1 MiB threshold is back and the
@@ -259,6 +259,8 @@ def test_a_phase_reuses_freed_buffers_and_hands_them_back_at_its_end(mode):
     env.pop("MALLOC_TRIM_THRESHOLD_", None)
     if mode == "env":
         env["MALLOC_MMAP_THRESHOLD_"] = str(1 << 20)  # the user's fixed threshold: phases leave it alone
+    if mode == "mmap_max_env":
+        env["MALLOC_MMAP_MAX_"] = "0"  # the user's: no block gets a mapping, and a phase's end must not undo that
     out = subprocess.run([sys.executable, "-c", _PHASE_PROBE, mode], env=env, capture_output=True, text=True,
                          timeout=120, check=True)
     r = json.loads(out.stdout.strip().splitlines()[-1])
@@ -266,6 +268,8 @@ def test_a_phase_reuses_freed_buffers_and_hands_them_back_at_its_end(mode):
         assert r["set"] is True and r["before"] == 1 and r["after"] == 1, r
         assert r["inside"] == 0 and r["nested"] == 0 and r["after_nested"] == 0, r
         assert r["free_kept_mib"] >= 32 and r["arena_after_mib"] < 8, r
+    elif mode == "mmap_max_env":  # the trainer's settings made, the user's MALLOC_MMAP_MAX_=0 back after the phase
+        assert r["set"] is True and r["before"] == r["inside"] == r["after"] == 0 and r["nested"] == 0, r
     elif mode == "env":  # the user's 1 MiB threshold holds everywhere, inside the phase too
         assert r["set"] is False and r["before"] == r["inside"] == r["after"] == 1 and r["nested"] == 1, r
     else:  # glibc's own dynamic threshold (raised by the first 2 MiB free): a 64 MiB block still gets a mapping
