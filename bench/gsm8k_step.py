@@ -4,19 +4,24 @@ Each variant is the real CLI, ``python -m jaxrl.train --config configs/gsm8k_grp
 n = 4 per step, prompts <= 256 tokens, responses <= 128, KL loss against the reference) for ``--steps`` steps with
 validation and checkpoints off, run one after another in this invocation:
 
-* ``padded``: micro-batches of 4 rows padded to the bucketed prompt width + 128 (the config as shipped until
-  ``use_prefix_grouper``);
+* ``as-shipped``: the config file without overrides (since 12-05: the prefix grouper, 1024-token micro-batches,
+  no old-log-prob pass);
+* ``padded``: micro-batches of 4 rows padded to the bucketed prompt width + 128, with the old-log-prob pass (the config
+  as shipped until ``use_prefix_grouper``);
 * ``prefix-grouper``: ``padded`` with ``actor.use_prefix_grouper=true`` (packed rows, each prompt laid once for its
   4 responses in the update, the old-log-prob and the reference passes; micro-batches of 4 and 8 rows = 1 and 2
-  prompts);
-* ``packed``: the same with ``use_remove_padding`` + ``use_dynamic_bsz`` (packed rows, 1024-token micro-batches);
+  prompts): the config as shipped on 12-04;
+* ``prefix-grouper-on-policy`` / ``prefix-grouper-budget`` / ``prefix-grouper-budget-on-policy``: the prefix grouper
+  without the old-log-prob pass, with 1024-token micro-batches (``use_dynamic_bsz``), or both (what the config ships,
+  spelled out);
+* ``packed``: ``padded`` with ``use_remove_padding`` + ``use_dynamic_bsz`` (packed rows, 1024-token micro-batches);
 * ``on-policy``: ``padded`` with ``actor.recompute_old_log_prob=false``: the config makes one on-policy update per
   step, so the update's own (detached) log-probs are the old ones and the separate old-log-prob pass is skipped, as
-  TRL and Tunix do at one iteration (same loss and gradient; the hour config runs this way);
-* ``bf16-rollout`` / ``bf16-rollout-on-policy``: ``padded`` / ``on-policy`` with ``rollout.dtype=bfloat16`` (the
-  sampler's weight matrices and matmuls in bfloat16 with float32 accumulation, verl's default rollout dtype; the
-  update and the log-prob passes stay float32). Its samples differ from the float32 rollout's (bfloat16 rounding
-  flips some sampled tokens), so compare the per-token times too;
+  TRL and Tunix do at one iteration (same loss and gradient);
+* ``bf16-rollout`` / ``bf16-rollout-on-policy`` / ``as-shipped-bf16-rollout``: ``padded`` / ``on-policy`` /
+  ``as-shipped`` with ``rollout.dtype=bfloat16`` (the sampler's weight matrices and matmuls in bfloat16 with float32
+  accumulation, verl's default rollout dtype; the update and the log-prob passes stay float32). Its samples differ
+  from the float32 rollout's (bfloat16 rounding flips some sampled tokens), so compare the per-token times too;
 * ``padded@REV`` (``--baseline-rev REV``): the config as shipped, without overrides (revisions before the packing
   work refuse the dynamic-batch keys), run by the code of git revision ``REV`` (a detached worktree under
   ``outputs/bench/``), e.g. ``cd79688``, the code when issue 19 was filed, to compare with "today's" step.
@@ -52,18 +57,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import ROOT, WORK_DIR, header_lines, write_section  # noqa: E402
 
 CONFIG = "configs/gsm8k_grpo_smollm2_135m.yaml"
+OLD_PASS = "actor_rollout_ref.actor.recompute_old_log_prob=true"
+NO_OLD_PASS = "actor_rollout_ref.actor.recompute_old_log_prob=false"
 PADDED = ["actor_rollout_ref.model.use_remove_padding=false", "actor_rollout_ref.actor.use_dynamic_bsz=false",
           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-          "actor_rollout_ref.actor.use_prefix_grouper=false"]  # padded rows, every prompt once per response
+          "actor_rollout_ref.actor.use_prefix_grouper=false", OLD_PASS]  # padded rows, every prompt once per response
 PACKED = ["actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.actor.use_dynamic_bsz=true",
-          "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1024", "actor_rollout_ref.actor.use_prefix_grouper=false"]
-ON_POLICY = [*PADDED, "actor_rollout_ref.actor.recompute_old_log_prob=false"]
+          "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1024", "actor_rollout_ref.actor.use_prefix_grouper=false",
+          OLD_PASS]
+ON_POLICY = [*(o for o in PADDED if o != OLD_PASS), NO_OLD_PASS]
+# the config as shipped from 12-04 to 12-05 (prefix grouper, fixed 4-row micro-batches, the old-log-prob pass)
 PREFIX_GROUPER = [*(o for o in PADDED if "use_prefix_grouper" not in o),
                   "actor_rollout_ref.actor.use_prefix_grouper=true"]
+# the prefix grouper with token-budget micro-batches (update, old-log-prob and reference passes alike)
+PREFIX_GROUPER_BUDGET = ["actor_rollout_ref.actor.use_prefix_grouper=true",
+                         "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1024"]
 BF16_ROLLOUT = "actor_rollout_ref.rollout.dtype=bfloat16"
 VARIANTS = {"packed": PACKED, "padded": PADDED, "prefix-grouper": PREFIX_GROUPER, "on-policy": ON_POLICY,
+            "prefix-grouper-on-policy": [*(o for o in PREFIX_GROUPER if o != OLD_PASS), NO_OLD_PASS],
+            "prefix-grouper-budget": [*PREFIX_GROUPER_BUDGET, OLD_PASS],
+            # what the config ships since 12-05, spelled out
+            "prefix-grouper-budget-on-policy": [*PREFIX_GROUPER_BUDGET, NO_OLD_PASS],
+            "as-shipped": [],  # the config file without overrides
             "bf16-rollout": [*PADDED, BF16_ROLLOUT],
-            "bf16-rollout-on-policy": [*ON_POLICY, BF16_ROLLOUT]}
+            "bf16-rollout-on-policy": [*ON_POLICY, BF16_ROLLOUT],
+            "as-shipped-bf16-rollout": [BF16_ROLLOUT]}
 PHASES = ("gen", "old_log_prob", "ref", "update_actor")
 
 
