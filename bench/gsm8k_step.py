@@ -65,7 +65,14 @@ PADDED = ["actor_rollout_ref.model.use_remove_padding=false", "actor_rollout_ref
 PACKED = ["actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.actor.use_dynamic_bsz=true",
           "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1024", "actor_rollout_ref.actor.use_prefix_grouper=false",
           OLD_PASS]
-ON_POLICY = [*(o for o in PADDED if o != OLD_PASS), NO_OLD_PASS]
+
+
+def on_policy(overrides: list[str]) -> list[str]:
+    """``overrides`` with the old-log-prob pass switched off (``actor.recompute_old_log_prob=false``)."""
+    return [*(o for o in overrides if o != OLD_PASS), NO_OLD_PASS]
+
+
+ON_POLICY = on_policy(PADDED)
 # the config as shipped from 12-04 to 12-05 (prefix grouper, fixed 4-row micro-batches, the old-log-prob pass)
 PREFIX_GROUPER = [*(o for o in PADDED if "use_prefix_grouper" not in o),
                   "actor_rollout_ref.actor.use_prefix_grouper=true"]
@@ -75,10 +82,10 @@ PREFIX_GROUPER_BUDGET = ["actor_rollout_ref.actor.use_prefix_grouper=true",
                          "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1024"]
 BF16_ROLLOUT = "actor_rollout_ref.rollout.dtype=bfloat16"
 VARIANTS = {"packed": PACKED, "padded": PADDED, "prefix-grouper": PREFIX_GROUPER, "on-policy": ON_POLICY,
-            "prefix-grouper-on-policy": [*(o for o in PREFIX_GROUPER if o != OLD_PASS), NO_OLD_PASS],
+            "prefix-grouper-on-policy": on_policy(PREFIX_GROUPER),
             "prefix-grouper-budget": [*PREFIX_GROUPER_BUDGET, OLD_PASS],
             # what the config ships since 12-05, spelled out
-            "prefix-grouper-budget-on-policy": [*PREFIX_GROUPER_BUDGET, NO_OLD_PASS],
+            "prefix-grouper-budget-on-policy": on_policy(PREFIX_GROUPER_BUDGET),
             "as-shipped": [],  # the config file without overrides
             "bf16-rollout": [*PADDED, BF16_ROLLOUT],
             "bf16-rollout-on-policy": [*ON_POLICY, BF16_ROLLOUT],
