@@ -22,6 +22,9 @@ validation and checkpoints off, run one after another in this invocation:
   ``as-shipped`` with ``rollout.dtype=bfloat16`` (the sampler's weight matrices and matmuls in bfloat16 with float32
   accumulation, verl's default rollout dtype; the update and the log-prob passes stay float32). Its samples differ
   from the float32 rollout's (bfloat16 rounding flips some sampled tokens), so compare the per-token times too;
+* ``as-shipped-full-recompute`` / ``as-shipped-selective-recompute``: ``as-shipped`` with the update's layers
+  recomputed whole in the backward (``model.recompute_granularity=full``) or with their projection outputs kept
+  (``selective``);
 * ``padded@REV`` (``--baseline-rev REV``): the config as shipped, without overrides (revisions before the packing
   work refuse the dynamic-batch keys), run by the code of git revision ``REV`` (a detached worktree under
   ``outputs/bench/``), e.g. ``cd79688``, the code when issue 19 was filed, to compare with "today's" step.
@@ -81,12 +84,16 @@ PREFIX_GROUPER_BUDGET = ["actor_rollout_ref.actor.use_prefix_grouper=true",
                          "actor_rollout_ref.actor.use_dynamic_bsz=true",
                          "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1024"]
 BF16_ROLLOUT = "actor_rollout_ref.rollout.dtype=bfloat16"
+FULL_RECOMPUTE = "actor_rollout_ref.model.recompute_granularity=full"
+SELECTIVE_RECOMPUTE = "actor_rollout_ref.model.recompute_granularity=selective"
 VARIANTS = {"packed": PACKED, "padded": PADDED, "prefix-grouper": PREFIX_GROUPER, "on-policy": ON_POLICY,
             "prefix-grouper-on-policy": on_policy(PREFIX_GROUPER),
             "prefix-grouper-budget": [*PREFIX_GROUPER_BUDGET, OLD_PASS],
             # what the config ships since 12-05, spelled out
             "prefix-grouper-budget-on-policy": on_policy(PREFIX_GROUPER_BUDGET),
             "as-shipped": [],  # the config file without overrides
+            "as-shipped-full-recompute": [FULL_RECOMPUTE],
+            "as-shipped-selective-recompute": [SELECTIVE_RECOMPUTE],
             "bf16-rollout": [*PADDED, BF16_ROLLOUT],
             "bf16-rollout-on-policy": [*ON_POLICY, BF16_ROLLOUT],
             "as-shipped-bf16-rollout": [BF16_ROLLOUT]}

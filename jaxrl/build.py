@@ -202,13 +202,19 @@ def _check_data_sources(cfg, train_rows, val_rows) -> None:
         check_sandbox(cfg, sources)
 
 
+def remat_setting(model_cfg) -> bool | str:
+    """The decoder's ``remat=`` for a model section (``actor_rollout_ref.model`` / ``critic.model``): False when
+    ``enable_gradient_checkpointing`` is off, else its ``recompute_granularity`` (``"full"`` / ``"selective"``)."""
+    return model_cfg.recompute_granularity if model_cfg.enable_gradient_checkpointing else False
+
+
 def _load_policy(model_cfg):
     """The pretrained policy and its tokenizer (``model.tokenizer_path`` overrides the model's own)."""
     from jaxrl.models import load_pretrained
 
     pre = load_pretrained(
         model_cfg.path, param_dtype=model_cfg.param_dtype, dtype=model_cfg.dtype,
-        remat=model_cfg.enable_gradient_checkpointing,
+        remat=remat_setting(model_cfg),
     )
     tokenizer = pre.tokenizer
     if model_cfg.tokenizer_path:
@@ -419,7 +425,7 @@ def _build_critic(cfg, policy, total_training_steps, placement=None):
     cc = cfg.critic
     model = build_value_model(
         cc.model.path, policy, param_dtype=cc.model.param_dtype, dtype=cc.model.dtype,
-        remat=cc.model.enable_gradient_checkpointing, seed=cfg.trainer.seed,
+        remat=remat_setting(cc.model), seed=cfg.trainer.seed,
     )
     frozen = None
     spec = lora_spec(cc.model)
@@ -492,7 +498,7 @@ def _build_prm(cfg, policy, graphdef, params, ref, total_training_steps, placeme
         from jaxrl.models import load_pretrained
 
         other = load_pretrained(path, param_dtype=arr.model.param_dtype, dtype=arr.model.dtype,
-                                remat=arr.model.enable_gradient_checkpointing, load_tokenizer=False)
+                                remat=remat_setting(arr.model), load_tokenizer=False)
         if other.config.vocab_size != policy.config.vocab_size:
             raise ConfigError(f"{key}={path!r} has a vocabulary of {other.config.vocab_size} tokens but the policy "
                               f"{arr.model.path!r} has {policy.config.vocab_size}; the implicit PRM reads the policy's "

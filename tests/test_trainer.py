@@ -236,6 +236,41 @@ def test_run_without_the_old_log_prob_pass(shared, tmp_path):
         assert r["actor/pg_clipfrac"] == 0.0 and r["actor/grad_norm"] > 0 and "timing_s/update_actor" in r
 
 
+def test_selective_recompute_builds_that_policy_and_trains_like_full_recompute(shared, tmp_path):
+    """actor_rollout_ref.model.recompute_granularity=selective reaches the actor's decoder (the projections kept
+    through the backward) and the run's losses and gradient norms are those of the full recomputation."""
+    from flax import nnx
+
+    from jaxrl.build import build
+    from jaxrl.trainer import Trainer
+
+    def fit(granularity):
+        cfg = load_config("configs/quickstart.yaml", tiny_run_overrides(tmp_path / granularity, [
+            "trainer.test_freq=-1", "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+            f"actor_rollout_ref.model.recompute_granularity={granularity}"]))
+        c = build(cfg)
+        try:
+            model = nnx.merge(c.actor.graphdef, c.actor.params)
+            assert (model.remat, model.remat_policy) == (True, granularity)
+            trainer = Trainer(c)
+            c.reward.start()
+            try:
+                trainer.fit()
+            finally:
+                c.reward.close()
+                c.logger.close()
+        finally:
+            c.store.close()
+            c.lock.release()
+        return [json.loads(line) for line in c.logger.jsonl_path.read_text().splitlines()]
+
+    full, selective = fit("full"), fit("selective")
+    assert [r["step"] for r in selective] == [1, 2]
+    for k in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "response_length/mean"):
+        np.testing.assert_allclose([r[k] for r in selective], [r[k] for r in full], rtol=1e-4, atol=1e-7, err_msg=k)
+    assert selective[0]["actor/grad_norm"] > 0
+
+
 def test_each_step_releases_free_host_memory_before_reading_its_memory_metrics(shared, tmp_path, monkeypatch):
     """perf/cpu_memory_used_gb is read after glibc gave the step's freed buffers (and a finished asynchronous save's
     host copy) back to the OS (jaxrl.host_memory); without that every checkpoint save left its size resident. The

@@ -179,7 +179,8 @@ def normalise(cfg: JaxRLConfig) -> None:
     if d.gen_batch_size is None:
         d.gen_batch_size = d.train_batch_size
     critic, model = cfg.critic, cfg.actor_rollout_ref.model
-    for name in ("enable_gradient_checkpointing", "dtype", "param_dtype", "use_remove_padding"):
+    for name in ("enable_gradient_checkpointing", "recompute_granularity", "dtype", "param_dtype",
+                 "use_remove_padding"):
         if getattr(critic.model, name) is None:
             setattr(critic.model, name, getattr(model, name))
     # verl's dynamic-batch defaults (oc.select): the log-prob / reference / critic switches follow the actor's,
@@ -272,6 +273,7 @@ def validate_sections(cfg: JaxRLConfig, c: Checks) -> None:
     c.text("actor_rollout_ref.model.tokenizer_path", nullable=True)
     c.choice("actor_rollout_ref.model.dtype", schema.DTYPE_CHOICES)
     c.choice("actor_rollout_ref.model.param_dtype", schema.DTYPE_CHOICES)
+    c.choice("actor_rollout_ref.model.recompute_granularity", schema.RECOMPUTE_GRANULARITY_CHOICES)
     c.lora("actor_rollout_ref.model")
     # optimizer
     c.optim("actor_rollout_ref.actor.optim")
@@ -354,6 +356,7 @@ def validate_sections(cfg: JaxRLConfig, c: Checks) -> None:
     c.text(f"{k}.model.path", nullable=True)
     c.choice(f"{k}.model.dtype", schema.DTYPE_CHOICES)
     c.choice(f"{k}.model.param_dtype", schema.DTYPE_CHOICES)
+    c.choice(f"{k}.model.recompute_granularity", schema.RECOMPUTE_GRANULARITY_CHOICES)
     c.lora(f"{k}.model")
     c.optim(f"{k}.optim")
     c.int_at_least(f"{k}.ppo_mini_batch_size", 1)

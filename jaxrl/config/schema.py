@@ -31,6 +31,7 @@ from jaxrl.algorithms import registry
 # ---------------------------------------------------------------------------------------------
 TRUNCATION_CHOICES: tuple[str, ...] = ("error", "left", "right")
 DTYPE_CHOICES: tuple[str, ...] = ("float32", "bfloat16")
+RECOMPUTE_GRANULARITY_CHOICES: tuple[str, ...] = ("full", "selective")  # jaxrl.models.decoder.REMAT_POLICIES
 LR_SCHEDULER_CHOICES: tuple[str, ...] = ("constant", "cosine")
 KL_PENALTY_CHOICES: tuple[str, ...] = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 # actor.kl_loss_type also takes the straight-through "+" variants (value of the estimator, gradient of
@@ -112,6 +113,10 @@ class ModelConfig:
     path: str = "~/models/deepseek-llm-7b-chat"  # HF dir, .gguf file, or alias (jaxrl.models.resolve)
     tokenizer_path: Optional[str] = None  # null = the tokenizer that ships with the model
     enable_gradient_checkpointing: bool = True  # jax.checkpoint (remat) each decoder layer in the actor update
+    # what a rematerialised layer keeps (Megatron-Core's recompute_granularity): "full" = only its input, the whole
+    # layer recomputed in the backward; "selective" = also the q/k/v/o and gate/up projection outputs, so only
+    # attention, norms, RoPE and SwiGLU are recomputed (no projection matmul twice; more activation memory)
+    recompute_granularity: str = "full"
     dtype: str = "bfloat16"  # compute/activation dtype: "float32" | "bfloat16"
     param_dtype: str = "float32"  # master parameter + optimizer dtype (verl FSDP mixed precision keeps fp32)
     # True = the actor, reference (and, unless critic.model.use_remove_padding says otherwise, the critic) run their
@@ -395,6 +400,7 @@ class CriticModelConfig:
 
     path: Optional[str] = None  # null = backbone initialised from the actor's model (verl needs an explicit path)
     enable_gradient_checkpointing: Optional[bool] = None  # null = actor_rollout_ref.model's value (filled)
+    recompute_granularity: Optional[str] = None  # "full" | "selective"; null = actor_rollout_ref.model's (filled)
     dtype: Optional[str] = None  # compute dtype "float32" | "bfloat16"; null = actor_rollout_ref.model.dtype (filled)
     param_dtype: Optional[str] = None  # master param dtype; null = actor_rollout_ref.model.param_dtype (filled)
     # packed rows for the value forward / backward; null = actor_rollout_ref.model.use_remove_padding (filled; verl's

@@ -71,7 +71,7 @@ def load_pretrained(
     *,
     param_dtype: str = "float32",
     dtype: str = "float32",
-    remat: bool = False,
+    remat: bool | str = False,
     load_tokenizer: bool = True,
 ) -> Pretrained:
     """Load a pretrained decoder (and tokenizer) from a model spec.
@@ -81,7 +81,8 @@ def load_pretrained(
             directory (with ``config.json``), a ``*.gguf`` file, or a llama2.c ``*.bin`` checkpoint.
         param_dtype: storage dtype name for parameters (``"float32"``/``"fp32"``/``"bfloat16"``/``"bf16"``).
         dtype: compute dtype name (same choices).
-        remat: rematerialise each block in the backward pass.
+        remat: rematerialise each block in the backward pass: False, True / ``"full"`` or ``"selective"``
+            (:data:`jaxrl.models.decoder.REMAT_POLICIES`).
         load_tokenizer: also load the tokenizer via ``jaxrl.models.tokenizer.load_tokenizer``.
 
     Returns:

@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxrl.models.config import ModelConfig
 
@@ -467,7 +468,7 @@ class Attention(nnx.Module):
         y = project(x, kernel[...], self.dtype, self.matmul_dtype)
         if bias is not None:
             y = y + bias[...].astype(self.dtype)
-        return _with_lora(self.lora, name, x, y)
+        return checkpoint_name(_with_lora(self.lora, name, x, y), name)
 
     def __call__(self, x, cos, sin, mask, k_cache, v_cache, cache_index):
         """``x`` ``[B, T, H]``; ``mask`` ``[B, T, S]`` (or, without a cache, :class:`SegmentLayout`);
@@ -511,7 +512,7 @@ class Attention(nnx.Module):
             attend = causal_gqa_attention
         out = attend(q, k_all, v_all, mask)
         proj = project(out, self.o_proj[...], self.dtype, self.matmul_dtype, in_dims=2)
-        return _with_lora(self.lora, "o_proj", out, proj), k, v
+        return checkpoint_name(_with_lora(self.lora, "o_proj", out, proj), "o_proj"), k, v
 
 
 def _kv_major(x: jax.Array, dtype) -> jax.Array:
@@ -535,8 +536,8 @@ class MLP(nnx.Module):
         def proj(x, w):
             return project(x, w[...], self.dtype, self.matmul_dtype)
 
-        gate = _with_lora(self.lora, "gate_proj", x, proj(x, self.gate_proj))
-        up = _with_lora(self.lora, "up_proj", x, proj(x, self.up_proj))
+        gate = checkpoint_name(_with_lora(self.lora, "gate_proj", x, proj(x, self.gate_proj)), "gate_proj")
+        up = checkpoint_name(_with_lora(self.lora, "up_proj", x, proj(x, self.up_proj)), "up_proj")
         h = jax.nn.silu(gate) * up
         return _with_lora(self.lora, "down_proj", h, proj(h, self.down_proj))
 
@@ -561,18 +562,48 @@ def _call_block(block: Block, x, cos, sin, mask, k_cache, v_cache, cache_index):
     return block(x, cos, sin, mask, k_cache, v_cache, cache_index)
 
 
-_remat_block = nnx.remat(_call_block)
+# The projection outputs :meth:`Attention.__call__` and :meth:`MLP.__call__` name (``jax.ad_checkpoint.checkpoint_name``)
+# for a rematerialisation policy to keep.
+PROJECTION_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj")
+# What a rematerialised block keeps for its backward pass, by ``remat`` name (``actor_rollout_ref.model.
+# recompute_granularity``, Megatron-Core's term): "full" keeps only the block's input and recomputes the whole block;
+# "selective" also keeps the q/k/v/o and gate/up projection outputs (``PROJECTION_NAMES``), so only attention, the
+# norms, RoPE and the SwiGLU product are recomputed: no matmul of a projection runs twice. Measured (SmolLM2-135M, the
+# GSM8K config's update of 16 responses in 1024-token micro-batches, 2-core CPU, one process alternating the two):
+# 17.4 s full, 15.4 s selective; it keeps ``[L, tokens, 4608]`` float32 more per micro-batch (0.33 GB at 590 tokens).
+REMAT_POLICIES = {
+    "full": None,
+    "selective": jax.checkpoint_policies.save_only_these_names(*PROJECTION_NAMES),
+}
+_remat_blocks = {name: nnx.remat(_call_block, policy=policy) for name, policy in REMAT_POLICIES.items()}
 
 
-def _scan_blocks(graphdef, stacked, x, cos, sin, mask, constrain, *, remat: bool):
+def remat_policy_name(remat: bool | str) -> str | None:
+    """The :data:`REMAT_POLICIES` name a ``remat=`` argument means: None for False (no rematerialisation), ``"full"``
+    for True, a policy name as it is.
+
+    Raises:
+      ValueError: a string that is not a policy name, or another type (the message lists the valid values).
+    """
+    if remat is False or remat is None:
+        return None
+    if remat is True:
+        return "full"
+    if isinstance(remat, str) and remat in REMAT_POLICIES:
+        return remat
+    raise ValueError(f"remat={remat!r}; valid: False, True, or one of {', '.join(map(repr, REMAT_POLICIES))}")
+
+
+def _scan_blocks(graphdef, stacked, x, cos, sin, mask, constrain, *, remat: bool, policy: str = "full"):
     """``x`` through the blocks whose weights ``stacked`` holds along a leading ``[L, ...]`` axis (``graphdef``: one
-    block's), as one ``lax.scan``; each step rematerialised (``jax.checkpoint``) when ``remat``."""
+    block's), as one ``lax.scan``; each step rematerialised (``jax.checkpoint``) when ``remat``, keeping what the
+    :data:`REMAT_POLICIES` entry ``policy`` names."""
 
     def step(h, state):
         h, _, _ = nnx.merge(graphdef, state)(h, cos, sin, mask, None, None, None)
         return constrain(h)
 
-    step = jax.checkpoint(step) if remat else step
+    step = jax.checkpoint(step, policy=REMAT_POLICIES[policy]) if remat else step
     x, _ = jax.lax.scan(lambda h, state: (step(h, state), None), x, stacked)
     return x
 
@@ -603,12 +634,15 @@ class Decoder(nnx.Module):
         dtype: compute dtype of activations and matmuls; RMSNorm statistics, RoPE, attention softmax and the
             returned logits are float32 regardless.
         remat: recompute each block's activations in the backward pass (the training forward then runs the blocks
-            as a rematerialised ``lax.scan``: :meth:`_remat_scan`).
+            as a rematerialised ``lax.scan``: :meth:`_remat_scan`): False (off), True or ``"full"`` (each block
+            recomputed from its input), ``"selective"`` (the projection outputs kept: :data:`REMAT_POLICIES`).
 
     Attributes:
         layers: the ``L`` blocks, an ``nnx.List`` of :class:`Block`; or, in the training layout of a trained role
             (:func:`jaxrl.models.scan_layout.stack_layers`), one :class:`StackedBlocks` holding them stacked
             (forward without a KV cache only).
+        remat: whether the training forward is rematerialised; remat_policy: what it then keeps (a
+            :data:`REMAT_POLICIES` name; ``"full"`` when ``remat`` is off).
     """
 
     def __init__(
@@ -618,7 +652,7 @@ class Decoder(nnx.Module):
         rngs: nnx.Rngs,
         param_dtype=jnp.float32,
         dtype=jnp.float32,
-        remat: bool = False,
+        remat: bool | str = False,
     ):
         if not isinstance(cfg, ModelConfig):
             raise TypeError(f"cfg must be a ModelConfig, got {type(cfg).__name__}")
@@ -626,7 +660,9 @@ class Decoder(nnx.Module):
         self.param_dtype = jnp.dtype(param_dtype)
         self.dtype = jnp.dtype(dtype)
         self.matmul_dtype = None  # the LM head's operand dtype when not `dtype` (as Attention.matmul_dtype)
-        self.remat = bool(remat)
+        policy = remat_policy_name(remat)
+        self.remat = policy is not None
+        self.remat_policy = policy or "full"  # what a rematerialised forward keeps (REMAT_POLICIES)
         self.inv_freq = tuple(float(f) for f in rope_inv_freq(cfg))  # static, hashable
         self.embed_tokens = _param(
             rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), self.param_dtype, "normal"
@@ -769,14 +805,15 @@ class Decoder(nnx.Module):
                                  "a KV cache; decode with the per-layer weights (jaxrl.models.scan_layout."
                                  "unstack_layers)")
             block_graphdef, stacked = nnx.split(self.layers.block)
-            x = _scan_blocks(block_graphdef, stacked, x, cos, sin, mask, constrain, remat=use_remat)
+            x = _scan_blocks(block_graphdef, stacked, x, cos, sin, mask, constrain, remat=use_remat,
+                             policy=self.remat_policy)
             scanned = x
         else:
             scanned = self._remat_scan(x, cos, sin, mask, constrain) if (use_remat and cache is None) else None
         if scanned is not None:
             x = scanned
         else:
-            call = _remat_block if (use_remat and cache is None) else _call_block
+            call = _remat_blocks[self.remat_policy] if (use_remat and cache is None) else _call_block
             for i, block in enumerate(self.layers):
                 if cache is None:
                     x, _, _ = call(block, x, cos, sin, mask, None, None, cache_index)
@@ -860,7 +897,7 @@ class Decoder(nnx.Module):
         if len(splits) < 2 or any(g != graphdef for g, _ in splits[1:]):
             return None
         stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *(state for _, state in splits))
-        return _scan_blocks(graphdef, stacked, x, cos, sin, mask, constrain, remat=True)
+        return _scan_blocks(graphdef, stacked, x, cos, sin, mask, constrain, remat=True, policy=self.remat_policy)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """The LM head: final-normed hidden states ``[B, T, H]`` -> float32 logits ``[B, T, V]``.

@@ -130,7 +130,7 @@ def from_hf_tensors(
     *,
     param_dtype=jnp.float32,
     dtype=jnp.float32,
-    remat: bool = False,
+    remat: bool | str = False,
     lm_head: bool = True,
 ) -> Decoder:
     """Build a :class:`Decoder` holding ``tensors`` (HF names, torch layouts), cast to ``param_dtype``.

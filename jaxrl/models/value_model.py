@@ -49,7 +49,8 @@ class ValueModel(nnx.Module):
       rngs: initialisation streams (``rngs.params`` for the backbone and the value head).
       param_dtype: parameter storage dtype (a ``jnp`` dtype or a name accepted by ``parse_dtype``).
       dtype: compute dtype of the backbone; the head is always applied in float32.
-      remat: rematerialise each backbone block in the backward pass (``jax.checkpoint``).
+      remat: rematerialise each backbone block in the backward pass (``jax.checkpoint``): False, True / ``"full"``
+        or ``"selective"`` (:data:`jaxrl.models.decoder.REMAT_POLICIES`).
       head_init: ``"normal"`` (std ``1/(H+1)``) or ``"zeros"``.
 
     Raises:
@@ -64,7 +65,7 @@ class ValueModel(nnx.Module):
         rngs: nnx.Rngs,
         param_dtype=jnp.float32,
         dtype=jnp.float32,
-        remat: bool = False,
+        remat: bool | str = False,
         head_init: str = "normal",
     ):
         pdt, cdt = parse_dtype(param_dtype), parse_dtype(dtype)
@@ -109,7 +110,7 @@ class ValueModel(nnx.Module):
         *,
         param_dtype=None,
         dtype=None,
-        remat: bool | None = None,
+        remat: bool | str | None = None,
         seed: int = 0,
         head_init: str = "normal",
     ) -> "ValueModel":
@@ -130,7 +131,7 @@ class ValueModel(nnx.Module):
         src: Decoder = pretrained.model
         pdt = src.param_dtype if param_dtype is None else parse_dtype(param_dtype)
         cdt = src.dtype if dtype is None else parse_dtype(dtype)
-        rm = src.remat if remat is None else bool(remat)
+        rm = (src.remat_policy if src.remat else False) if remat is None else remat
         if head_init not in HEAD_INITS:
             raise ValueError(f"head_init={head_init!r}; valid: {list(HEAD_INITS)}")
         # Skeleton without computing a random backbone, then fill it.
@@ -157,7 +158,7 @@ def build_value_model(
     *,
     param_dtype="float32",
     dtype="float32",
-    remat: bool = False,
+    remat: bool | str = False,
     seed: int = 0,
     head_init: str = "normal",
 ) -> ValueModel:
@@ -169,7 +170,8 @@ def build_value_model(
         alias); its LM head is dropped and a value head added.
       policy: the loaded policy; its vocabulary is what the critic will read.
       param_dtype, dtype: dtype names (``"float32"``/``"bfloat16"`` ...).
-      remat: gradient checkpointing of the backbone blocks (``critic.model.enable_gradient_checkpointing``).
+      remat: gradient checkpointing of the backbone blocks (``critic.model.enable_gradient_checkpointing``, with
+        ``critic.model.recompute_granularity`` as the policy name when on).
       seed: value-head initialisation seed.
       head_init: ``"normal"`` or ``"zeros"``.
 

@@ -219,6 +219,8 @@ def test_wrong_type_in_yaml_names_file(tmp_path):
     ("critic.model.dtype=float16", ["'float32'", "'bfloat16'"]),
     ("critic.optim.lr_scheduler_type=linear", ["'constant'", "'cosine'"]),
     ("actor_rollout_ref.model.dtype=float16", ["'float32'", "'bfloat16'"]),
+    ("actor_rollout_ref.model.recompute_granularity=block", ["'full'", "'selective'"]),
+    ("critic.model.recompute_granularity=none", ["'full'", "'selective'"]),
     ("actor_rollout_ref.actor.optim.lr_scheduler_type=linear", ["'constant'", "'cosine'"]),
     ("trainer.logger=[console,mlflow]", ["'console'", "'jsonl'"]),
 ])
@@ -386,12 +388,15 @@ def test_kl_ctrl_keys():
 def test_critic_defaults_follow_verl_and_the_actor():
     cfg = load_config(None, ["actor_rollout_ref.actor.ppo_mini_batch_size=64", "actor_rollout_ref.actor.ppo_epochs=2",
                              "actor_rollout_ref.model.dtype=float32", "actor_rollout_ref.model.param_dtype=bfloat16",
-                             "actor_rollout_ref.model.enable_gradient_checkpointing=False"])
+                             "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+                             "actor_rollout_ref.model.recompute_granularity=selective"])
     c = cfg.critic
     assert (c.optim.lr, c.optim.weight_decay, c.cliprange_value, c.grad_clip) == (1e-5, 0.01, 0.5, 1.0)
     assert (c.loss_agg_mode, c.shuffle, c.model.path) == ("token-mean", False, None)
     assert (c.ppo_mini_batch_size, c.ppo_epochs) == (64, 2)  # null -> the actor's
     assert (c.model.dtype, c.model.param_dtype, c.model.enable_gradient_checkpointing) == ("float32", "bfloat16", False)
+    assert c.model.recompute_granularity == "selective"
+    assert load_config(None, []).critic.model.recompute_granularity == "full"
     assert c.ppo_micro_batch_size_per_gpu is None and c.forward_micro_batch_size_per_gpu is None
     assert cfg.actor_rollout_ref.actor.optim.lr == 1e-6  # the critic's optim section is its own
 

@@ -297,6 +297,33 @@ def test_remat_same_values_and_grads():
     assert grad_jaxpr(rematted).count("remat") == 1 and "scan" in grad_jaxpr(rematted)
     assert "remat" not in grad_jaxpr(model)
 
+    # recompute_granularity="selective": the same values and gradients, and the backward recomputes none of the
+    # six projections the policy keeps (q/k/v/o, gate/up: six dot_generals fewer than the full recomputation)
+    selective = from_hf_tensors(cfg, tensors, remat="selective")
+    assert (selective.remat, selective.remat_policy, rematted.remat_policy) == (True, "selective", "full")
+    v2, g2 = grad_fn(selective)
+    np.testing.assert_allclose(float(v0), float(v2), atol=1e-6)
+    for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g2), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+    assert grad_jaxpr(selective).count("dot_general") == grad_jaxpr(rematted).count("dot_general") - 6
+    assert grad_jaxpr(selective).count("remat") == 1
+
+
+@pytest.mark.parametrize("remat, name", [(False, None), (None, None), (True, "full"), ("full", "full"),
+                                         ("selective", "selective")])
+def test_remat_argument_names_a_policy(remat, name):
+    from jaxrl.models.decoder import remat_policy_name
+
+    assert remat_policy_name(remat) == name
+
+
+@pytest.mark.parametrize("bad", ["block", "Full", 1, 0.5])
+def test_remat_argument_that_is_no_policy_is_refused_with_the_valid_ones(bad):
+    from jaxrl.models.decoder import remat_policy_name
+
+    with pytest.raises(ValueError, match=r"remat=.*valid: False, True, or one of 'full', 'selective'"):
+        remat_policy_name(bad)
+
 
 def test_remat_override_for_forwards_never_differentiated():
     """``remat=False`` at call time (the log-prob and value passes) runs the plain layer loop on a remat model: no

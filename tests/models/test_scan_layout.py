@@ -91,11 +91,13 @@ def _batch(n=8, seed=0):
     return batch
 
 
-def test_an_actor_on_a_remat_model_trains_in_the_scan_layout_like_the_per_layer_one():
-    """The same update from the same weights: the scan-layout actor (remat model) and the per-layer one (no remat)
-    end at the same weights; the stacked actor hands the engine its own arrays and the export per-layer ones."""
+@pytest.mark.parametrize("remat", [True, "selective"])
+def test_an_actor_on_a_remat_model_trains_in_the_scan_layout_like_the_per_layer_one(remat):
+    """The same update from the same weights: the scan-layout actor (remat model, either recompute granularity) and
+    the per-layer one (no remat) end at the same weights; the stacked actor hands the engine its own arrays and the
+    export per-layer ones."""
     cfg, plan = actor_setup(rows=8, ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=4, use_kl_loss=False)
-    graphdef, state = nnx.split(_model(remat=True))
+    graphdef, state = nnx.split(_model(remat=remat))
     plain_graphdef, plain_state = nnx.split(_model(remat=False))
     copy = lambda tree: jax.tree.map(lambda x: x.copy(), tree)  # noqa: E731  (the update donates its inputs)
     scan_actor = ActorWorker(graphdef, copy(state), cfg, plan=plan, temperature=1.0, total_training_steps=1)
