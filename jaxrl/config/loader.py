@@ -116,8 +116,9 @@ def load_config(config_path: str | Path | None, overrides: Sequence[str] = ()) -
     ``data.seed`` and ``actor_rollout_ref.rollout.seed`` null -> ``trainer.seed``;
     ``actor.clip_ratio_low``/``clip_ratio_high`` null -> ``actor.clip_ratio``;
     ``rollout.max_new_tokens`` null -> ``data.max_response_length``; ``data.gen_batch_size`` null ->
-    ``data.train_batch_size``; ``critic.model.{enable_gradient_checkpointing,recompute_granularity,dtype,param_dtype}`` null ->
-    ``actor_rollout_ref.model``'s; ``critic.ppo_mini_batch_size``/``ppo_epochs`` null -> the actor's;
+    ``data.train_batch_size``; ``critic.model.{enable_gradient_checkpointing,recompute_granularity,dtype,
+    param_dtype}`` null -> ``actor_rollout_ref.model``'s; ``critic.ppo_mini_batch_size``/``ppo_epochs`` null ->
+    the actor's;
     ``critic.forward_micro_batch_size_per_gpu`` null -> ``critic.ppo_micro_batch_size_per_gpu``;
     ``trainer.launcher`` null -> ``ray`` when ``RAY_ADDRESS`` is set and no world is given to join (``JAXRL_*`` /
     ``trainer.distributed``), else ``local``.

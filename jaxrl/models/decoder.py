@@ -562,8 +562,8 @@ def _call_block(block: Block, x, cos, sin, mask, k_cache, v_cache, cache_index):
     return block(x, cos, sin, mask, k_cache, v_cache, cache_index)
 
 
-# The projection outputs :meth:`Attention.__call__` and :meth:`MLP.__call__` name (``jax.ad_checkpoint.checkpoint_name``)
-# for a rematerialisation policy to keep.
+# The projection outputs :meth:`Attention.__call__` and :meth:`MLP.__call__` name
+# (``jax.ad_checkpoint.checkpoint_name``) for a rematerialisation policy to keep.
 PROJECTION_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj")
 # What a rematerialised block keeps for its backward pass, by ``remat`` name (``actor_rollout_ref.model.
 # recompute_granularity``, Megatron-Core's term): "full" keeps only the block's input and recomputes the whole block;
