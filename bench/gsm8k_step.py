@@ -5,7 +5,7 @@ n = 4 per step, prompts <= 256 tokens, responses <= 128, KL loss against the ref
 validation and checkpoints off, run one after another in this invocation:
 
 * ``as-shipped``: the config file without overrides (since 12-05: the prefix grouper, 1024-token micro-batches,
-  no old-log-prob pass);
+  no old-log-prob pass, selective recomputation in the update);
 * ``padded``: micro-batches of 4 rows padded to the bucketed prompt width + 128, with the old-log-prob pass (the config
   as shipped until ``use_prefix_grouper``);
 * ``prefix-grouper``: ``padded`` with ``actor.use_prefix_grouper=true`` (packed rows, each prompt laid once for its
@@ -139,6 +139,10 @@ def run_variant(name: str, overrides: list[str], steps: int, code: Path = ROOT, 
     return dict(
         name=name, wall_s=wall, steps=len(rows), first_step_s=rows[0]["timing_s/step"],
         later_steps=[r["timing_s/step"] for r in later],
+        # from the third step on: past the second step's compiles of new prompt / packed widths (this code's compiled
+        # programs may also come from its persistent compilation cache, on by default; older revisions had none)
+        steady_steps=[r["timing_s/step"] for r in rows[2:]] or [r["timing_s/step"] for r in later],
+        compile_s=[r.get("perf/compile_time_s") for r in rows],
         step_s=med("timing_s/step"), step_min=min(r["timing_s/step"] for r in later),
         step_max=max(r["timing_s/step"] for r in later),
         phases={p: med(f"timing_s/{p}") for p in PHASES},
@@ -159,6 +163,8 @@ def merge_rounds(runs: list[dict]) -> dict:
     return dict(
         runs[0], wall_s=sum(r["wall_s"] for r in runs), first_step_s=med([r["first_step_s"] for r in runs]),
         later_steps=steps, step_s=med(steps), step_min=min(steps), step_max=max(steps),
+        steady_steps=[s for r in runs for s in r["steady_steps"]],
+        round_steady_s=[med(r["steady_steps"]) for r in runs],
         phases={p: (med(v) if (v := [r["phases"][p] for r in runs if r["phases"][p] is not None]) else None)
                 for p in PHASES},
         peak_rss_gb=max((r["peak_rss_gb"] for r in runs if r["peak_rss_gb"] is not None), default=None),
@@ -200,6 +206,7 @@ def main() -> None:
         ratios = [a / b for a, b in zip(r["round_step_s"], base["round_step_s"])]
         r["ratio"] = statistics.median(ratios)
         r["ratio_range"] = (min(ratios), max(ratios))
+        r["steady_ratio"] = statistics.median(a / b for a, b in zip(r["round_steady_s"], base["round_steady_s"]))
     cmd = "python bench/gsm8k_step.py" + (f" --steps {args.steps}" if args.steps != 4 else "") + (
         f" --variants {args.variants}" if args.variants != "packed,padded" else "") + (
         f" --baseline-rev {args.baseline_rev}" if args.baseline_rev else "") + (
@@ -215,10 +222,14 @@ def main() -> None:
          "(median over the runs); phases: median over the runs",
          "step / last row's: the median of the per-round ratios of the runs' median steps (min-max when several "
          "rounds)",
+         "steps 3+: the median over every run's steps from the third on (past the second step's compiles of new "
+         "widths) and its ratio to the last row's, as above; this code's persistent compilation cache (on by default) "
+         "may hold programs from earlier runs, an older revision compiles everything",
          "step-end RSS: the largest perf/cpu_memory_used_gb of the run, read at each step's end after free "
          "memory is handed back (not the peak inside a step: bench/memory.py measures that)"])
     lines += ["| variant | step s | first step s | gen | old_log_prob | ref | update_actor | response len | "
-              "tokens/step | step-end RSS GB | step / last row's |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "tokens/step | step-end RSS GB | step / last row's | steps 3+ s | steps 3+ / last row's |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         ph = r["phases"]
         fmt = lambda x, digits=1: "-" if x is None else f"{x:.{digits}f}"  # noqa: E731  (a revision's missing metric)
@@ -226,7 +237,8 @@ def main() -> None:
                      f"{r['first_step_s']:.1f} | {fmt(ph['gen'])} | {fmt(ph['old_log_prob'])} | {fmt(ph['ref'])} | "
                      f"{fmt(ph['update_actor'])} | {r['response_length']:.1f} | {r['real_tokens']:.0f} | "
                      f"{fmt(r['peak_rss_gb'], 2)} | {r['ratio']:.2f}x" + (
-                         f" ({r['ratio_range'][0]:.2f}-{r['ratio_range'][1]:.2f})" if args.rounds > 1 else "") + " |")
+                         f" ({r['ratio_range'][0]:.2f}-{r['ratio_range'][1]:.2f})" if args.rounds > 1 else "")
+                     + f" | {statistics.median(r['steady_steps']):.1f} | {r['steady_ratio']:.2f}x |")
     lines += ["", *[f"- {r['name']}: `{r['command']}`; process wall {r['wall_s']:.0f} s"
                     + (" (all rounds), per-round median steps " + ", ".join(f"{x:.1f}" for x in r["round_step_s"])
                        if args.rounds > 1 else "") for r in results]]

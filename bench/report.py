@@ -20,8 +20,9 @@ ORDER = ("summary", "grpo_step", "grpo_step_gsm8k", "grpo_step_prefix_grouper", 
          "grpo_step_gsm8k_dynamic",
          "rollout_throughput",
          "rollout_throughput_bf16", "long_decode",
-         "jetstream_throughput", "train_throughput", "scaling", "reshard", "lora", "memory", "memory_saves",
-         "memory_cpu_hour", "gsm8k_step", "gsm8k_cpu_hour", "async_step", "hybrid_sync", "gpu_h200", "gpu_h100")
+         "jetstream_throughput", "train_throughput", "scaling", "reshard", "lora", "memory", "memory_selective",
+         "memory_saves", "memory_cpu_hour", "gsm8k_step", "gsm8k_cpu_hour", "async_step", "hybrid_sync", "gpu_h200",
+         "gpu_h100")
 OUT = ROOT / "bench" / "RESULTS.md"
 
 
