@@ -108,6 +108,7 @@ def _validate_common(cfg, c: Checks) -> None:
     c.text("model.tokenizer_path", nullable=True)
     c.choice("model.dtype", schema.DTYPE_CHOICES)
     c.choice("model.param_dtype", schema.DTYPE_CHOICES)
+    c.choice("model.recompute_granularity", schema.RECOMPUTE_GRANULARITY_CHOICES)
     # optim
     c.real("optim.lr", 0.0, lo_open=True)
     c.real("optim.lr_warmup_steps_ratio", 0.0, 1.0)

@@ -83,6 +83,9 @@ class OfflineModelConfig:
     partial_pretrain: str = "~/models/gemma-1.1-7b-it"  # HF dir, .gguf file, llama2.c file or alias (verl's key)
     tokenizer_path: Optional[str] = None  # jaxrl: null = the tokenizer that ships with the model
     enable_gradient_checkpointing: bool = True  # jax.checkpoint (remat) each decoder layer
+    # what a rematerialised layer keeps: "full" (its input) | "selective" (+ its projection outputs; as
+    # actor_rollout_ref.model.recompute_granularity of the RL trainer)
+    recompute_granularity: str = "full"
     dtype: str = "bfloat16"  # jaxrl: compute dtype "float32" | "bfloat16" (verl: fsdp mixed precision)
     param_dtype: str = "float32"  # jaxrl: master parameter + optimizer dtype (verl: fsdp_config.model_dtype fp32)
 

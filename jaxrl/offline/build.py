@@ -132,7 +132,7 @@ def _load_model(cfg):
 
     m = cfg.model
     pre = load_pretrained(m.partial_pretrain, param_dtype=m.param_dtype, dtype=m.dtype,
-                          remat=m.enable_gradient_checkpointing)
+                          remat=m.recompute_granularity if m.enable_gradient_checkpointing else False)
     tokenizer = pre.tokenizer
     if m.tokenizer_path:
         from jaxrl.models.tokenizer import load_tokenizer

@@ -46,6 +46,8 @@ def test_verl_sft_command_line_loads_with_notes():
     ("sft", ["data.truncation=middle"], "data.truncation='middle' is invalid; expected one of 'error', 'left', "
                                         "'right'"),
     ("sft", ["optim.lr_scheduler=wsd"], "optim.lr_scheduler='wsd' is invalid; expected one of 'cosine', 'constant'"),
+    ("dpo", ["model.recompute_granularity=block"],
+     "model.recompute_granularity='block' is invalid; expected one of 'full', 'selective'"),
     ("sft", ["trainer.nnodes=2"], "trainer.nnodes=2 is invalid; expected 1: the offline trainers run in one process"),
     ("sft", ["algorithm.dpo.beta=0.1"], "Unknown config key 'algorithm.dpo.beta'"),
     ("dpo", ["algorithm.dpo.beta=0"], "algorithm.dpo.beta=0.0 is invalid; expected a finite number in (0.0, inf)"),
@@ -146,3 +148,16 @@ def test_cli_malformed_row_exits_1_naming_file_and_line(tmp_path):
     assert proc.returncode == 1, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert f"{data}:2: malformed line 2: missing 'answer'" in last and last.startswith("jaxrl: error:")
+
+
+@pytest.mark.parametrize("checkpointing, granularity, expected", [
+    ("true", "selective", (True, "selective")), ("true", "full", (True, "full")),
+    ("false", "selective", (False, "full"))])
+def test_offline_model_is_built_with_the_recompute_granularity(shared, checkpointing, granularity, expected):
+    """model.recompute_granularity reaches the decoder the SFT / DPO trainer loads (when checkpointing is on)."""
+    from jaxrl.offline.build import _load_model
+
+    cfg = load_offline_config("dpo", REPO_ROOT / "configs" / "dpo_stories260k.yaml", [
+        f"model.enable_gradient_checkpointing={checkpointing}", f"model.recompute_granularity={granularity}"])
+    pre, _ = _load_model(cfg)
+    assert (pre.model.remat, pre.model.remat_policy) == expected
