@@ -156,3 +156,37 @@ def test_peft_tensor_names_layouts_and_config():
     # per-layer differences keep the full names (PEFT matches both)
     one = resolve_targets(LoraSpec(4, 8, r".*layers\.0\.self_attn\.q_proj"), 2)
     assert peft_adapter_config(spec, one, num_layers=2, base_model_name_or_path=None)["target_modules"] == list(one)
+
+
+@pytest.mark.parametrize("remat", ["full", "selective"])
+def test_adapters_on_some_layers_train_through_per_block_remat_with_either_granularity(remat):
+    """Blocks that differ (an adapter on layer 0 only) cannot be one layer scan: each block is rematerialised on its
+    own (``nnx.remat`` with the granularity's policy). The gradient equals the one without rematerialisation, and
+    ``selective`` recomputes no kept projection (fewer matmuls in the backward than ``full``)."""
+    cfg = tiny_model_config()
+    spec = LoraSpec(rank=4, alpha=8.0, target_modules=r".*\.0\.self_attn\.[qv]_proj")
+
+    def adapted(r):
+        model = Decoder(cfg, rngs=nnx.Rngs(0), remat=r)
+        graphdef, base = nnx.split(model)
+        model = nnx.merge(graphdef, peaked(base, 0))
+        apply_lora(model, spec, seed=0)
+        return nnx.split(model)
+
+    def grad_and_jaxpr(r):
+        graphdef, state = adapted(r)
+
+        def loss(st):
+            out, _ = nnx.merge(graphdef, st)(jnp.asarray(IDS), jnp.asarray(POS), jnp.asarray(MASK))
+            return jnp.mean(jax.nn.logsumexp(out, axis=-1))
+
+        return jax.grad(loss)(state), str(jax.make_jaxpr(jax.grad(loss))(state))
+
+    plain, _ = grad_and_jaxpr(False)
+    rematted, jaxpr = grad_and_jaxpr(remat)
+    assert "remat" in jaxpr and "scan" not in jaxpr  # the per-block path, not the layer scan
+    for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(rematted), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+    if remat == "selective":
+        full_jaxpr = grad_and_jaxpr("full")[1]
+        assert jaxpr.count("dot_general") < full_jaxpr.count("dot_general")
