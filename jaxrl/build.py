@@ -202,15 +202,9 @@ def _check_data_sources(cfg, train_rows, val_rows) -> None:
         check_sandbox(cfg, sources)
 
 
-def remat_setting(model_cfg) -> bool | str:
-    """The decoder's ``remat=`` for a model section (``actor_rollout_ref.model`` / ``critic.model``): False when
-    ``enable_gradient_checkpointing`` is off, else its ``recompute_granularity`` (``"full"`` / ``"selective"``)."""
-    return model_cfg.recompute_granularity if model_cfg.enable_gradient_checkpointing else False
-
-
 def _load_policy(model_cfg):
     """The pretrained policy and its tokenizer (``model.tokenizer_path`` overrides the model's own)."""
-    from jaxrl.models import load_pretrained
+    from jaxrl.models import load_pretrained, remat_setting
 
     pre = load_pretrained(
         model_cfg.path, param_dtype=model_cfg.param_dtype, dtype=model_cfg.dtype,
@@ -419,6 +413,7 @@ def _build_critic(cfg, policy, total_training_steps, placement=None):
     ``critic.model.lora_rank > 0`` LoRA adapters on its backbone (trained with the value head, the backbone frozen)."""
     from flax import nnx
 
+    from jaxrl.models import remat_setting
     from jaxrl.models.value_model import build_value_model
     from jaxrl.workers.critic import CriticWorker
 
@@ -495,7 +490,7 @@ def _build_prm(cfg, policy, graphdef, params, ref, total_training_steps, placeme
     def load(path, key):
         if path is None or path == arr.model.path:
             return None
-        from jaxrl.models import load_pretrained
+        from jaxrl.models import load_pretrained, remat_setting
 
         other = load_pretrained(path, param_dtype=arr.model.param_dtype, dtype=arr.model.dtype,
                                 remat=remat_setting(arr.model), load_tokenizer=False)

@@ -236,33 +236,43 @@ def test_run_without_the_old_log_prob_pass(shared, tmp_path):
         assert r["actor/pg_clipfrac"] == 0.0 and r["actor/grad_norm"] > 0 and "timing_s/update_actor" in r
 
 
+def _fit_built(cfg, prepare) -> list[dict]:
+    """A run as run_training makes it, with ``prepare(components)`` called between the build and the trainer (to
+    inspect or adjust what was built); returns the run's metrics records."""
+    from jaxrl.build import build
+    from jaxrl.trainer import Trainer
+
+    c = build(cfg)
+    try:
+        prepare(c)
+        trainer = Trainer(c)
+        c.reward.start()
+        try:
+            trainer.fit()
+        finally:
+            c.reward.close()
+            c.logger.close()
+    finally:
+        c.store.close()
+        c.lock.release()
+    return [json.loads(line) for line in c.logger.jsonl_path.read_text().splitlines()]
+
+
 def test_selective_recompute_builds_that_policy_and_trains_like_full_recompute(shared, tmp_path):
     """actor_rollout_ref.model.recompute_granularity=selective reaches the actor's decoder (the projections kept
     through the backward) and the run's losses and gradient norms are those of the full recomputation."""
     from flax import nnx
 
-    from jaxrl.build import build
-    from jaxrl.trainer import Trainer
-
     def fit(granularity):
         cfg = load_config("configs/quickstart.yaml", tiny_run_overrides(tmp_path / granularity, [
             "trainer.test_freq=-1", "actor_rollout_ref.model.enable_gradient_checkpointing=true",
             f"actor_rollout_ref.model.recompute_granularity={granularity}"]))
-        c = build(cfg)
-        try:
+
+        def check_policy(c):
             model = nnx.merge(c.actor.graphdef, c.actor.params)
             assert (model.remat, model.remat_policy) == (True, granularity)
-            trainer = Trainer(c)
-            c.reward.start()
-            try:
-                trainer.fit()
-            finally:
-                c.reward.close()
-                c.logger.close()
-        finally:
-            c.store.close()
-            c.lock.release()
-        return [json.loads(line) for line in c.logger.jsonl_path.read_text().splitlines()]
+
+        return _fit_built(cfg, check_policy)
 
     full, selective = fit("full"), fit("selective")
     assert [r["step"] for r in selective] == [1, 2]
@@ -294,23 +304,7 @@ def test_each_step_releases_free_host_memory_before_reading_its_memory_metrics(s
 def _fit_with_bucket(cfg, bucket: int) -> list[dict]:
     """A run as run_training makes it, with the sampler's prompt widths bucketed to ``bucket`` tokens (so the short
     TinyStories prompts meet several widths)."""
-    from jaxrl.build import build
-    from jaxrl.trainer import Trainer
-
-    c = build(cfg)
-    try:
-        c.rollout.prompt_length_bucket = bucket
-        trainer = Trainer(c)
-        c.reward.start()
-        try:
-            trainer.fit()
-        finally:
-            c.reward.close()
-            c.logger.close()
-    finally:
-        c.store.close()
-        c.lock.release()
-    return [json.loads(line) for line in c.logger.jsonl_path.read_text().splitlines()]
+    return _fit_built(cfg, lambda c: setattr(c.rollout, "prompt_length_bucket", bucket))
 
 
 def test_dropping_compiled_programs_past_the_width_bound_leaves_every_metric_unchanged(shared, tmp_path):

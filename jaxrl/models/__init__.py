@@ -26,6 +26,7 @@ __all__ = [
     "load_pretrained",
     "parse_dtype",
     "read_model_config",
+    "remat_setting",
 ]
 
 _DTYPES = {
@@ -64,6 +65,13 @@ class Pretrained:
     config: ModelConfig
     model: Decoder
     tokenizer: Any
+
+
+def remat_setting(model_cfg) -> bool | str:
+    """The decoder's ``remat=`` for a config's model section (``actor_rollout_ref.model`` / ``critic.model`` of the RL
+    trainer, ``model`` of SFT / DPO): False when its ``enable_gradient_checkpointing`` is off, else its
+    ``recompute_granularity`` (``"full"`` / ``"selective"``)."""
+    return model_cfg.recompute_granularity if model_cfg.enable_gradient_checkpointing else False
 
 
 def load_pretrained(

@@ -128,11 +128,10 @@ def _check_context(cfg, config=None) -> None:
 
 
 def _load_model(cfg):
-    from jaxrl.models import load_pretrained
+    from jaxrl.models import load_pretrained, remat_setting
 
     m = cfg.model
-    pre = load_pretrained(m.partial_pretrain, param_dtype=m.param_dtype, dtype=m.dtype,
-                          remat=m.recompute_granularity if m.enable_gradient_checkpointing else False)
+    pre = load_pretrained(m.partial_pretrain, param_dtype=m.param_dtype, dtype=m.dtype, remat=remat_setting(m))
     tokenizer = pre.tokenizer
     if m.tokenizer_path:
         from jaxrl.models.tokenizer import load_tokenizer
